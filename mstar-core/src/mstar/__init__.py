@@ -1,0 +1,1 @@
+"""M*: serving composite multimodal models."""
