@@ -1,0 +1,208 @@
+"""Paged KV cache of one KV-cache node: the cache tensors plus per-stream block tables."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from mstar.kv.block_pool import BlockPool
+
+DEFAULT_STREAM = "main"
+
+RequestId = Hashable
+# (request_id, stream, n_new): one stream's growth in a step.
+AppendRow = tuple[RequestId, str, int]
+
+
+@dataclass
+class _Stream:
+    blocks: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Owns the paged K/V tensors of one node and the block tables of its requests.
+
+    Layout per layer is FlashInfer's NHD paged layout, ``[num_blocks, block_size,
+    num_kv_heads, head_dim]``, so a flashinfer backend can use the tensors as they are.
+    A request may own several independent cache streams (e.g. guidance branches); each
+    stream has its own block table. A stream nobody appended to reads as empty.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        num_blocks: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        for name, value in (
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+            ("block_size", block_size),
+            ("num_blocks", num_blocks),
+        ):
+            if value < 1:
+                raise ValueError(f"KVCacheManager: {name} must be >= 1, got {value}")
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._pool = BlockPool(num_blocks)
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        # Zeroed, not empty: attention gathers padding slots and masks them out, and
+        # masked-out garbage that happens to be NaN would still poison the output (0 * NaN).
+        self._k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self._v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self._streams: dict[RequestId, dict[str, _Stream]] = {}
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
+    ) -> int:
+        """Bytes one block costs across all layers, K and V together."""
+        element_size = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
+
+    @classmethod
+    def from_memory_budget(
+        cls,
+        budget_bytes: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> KVCacheManager:
+        """As many blocks as fit in ``budget_bytes``."""
+        per_block = cls.bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype)
+        num_blocks = budget_bytes // per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"KV cache budget of {budget_bytes} bytes fits no block: one block of "
+                f"{block_size} tokens costs {per_block} bytes "
+                f"(2 x {num_layers} layers x {num_kv_heads} kv heads x {head_dim} head_dim "
+                f"x {block_size} tokens x {dtype})"
+            )
+        return cls(num_layers, num_kv_heads, head_dim, block_size, num_blocks, dtype, device)
+
+    # ---- storage -------------------------------------------------------------------------
+
+    def k_cache(self, layer: int) -> torch.Tensor:
+        return self._k[layer]
+
+    def v_cache(self, layer: int) -> torch.Tensor:
+        return self._v[layer]
+
+    # ---- usage counters ------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self._pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self._pool.num_used
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use, 0.0 .. 1.0."""
+        return self._pool.num_used / self._pool.num_blocks
+
+    # ---- block tables --------------------------------------------------------------------
+
+    def requests(self) -> list[RequestId]:
+        return list(self._streams)
+
+    def streams(self, request_id: RequestId) -> list[str]:
+        return list(self._streams.get(request_id, ()))
+
+    def has_stream(self, request_id: RequestId, stream: str = DEFAULT_STREAM) -> bool:
+        return stream in self._streams.get(request_id, {})
+
+    def num_tokens(self, request_id: RequestId, stream: str = DEFAULT_STREAM) -> int:
+        state = self._lookup(request_id, stream)
+        return state.num_tokens if state is not None else 0
+
+    def block_table(self, request_id: RequestId, stream: str = DEFAULT_STREAM) -> list[int]:
+        state = self._lookup(request_id, stream)
+        return list(state.blocks) if state is not None else []
+
+    def blocks_needed(self, request_id: RequestId, stream: str, n_new: int) -> int:
+        """New blocks the stream would take to hold ``n_new`` more tokens."""
+        if n_new < 0:
+            raise ValueError(f"n_new must be >= 0, got {n_new}")
+        state = self._lookup(request_id, stream)
+        have_tokens = state.num_tokens if state is not None else 0
+        have_blocks = len(state.blocks) if state is not None else 0
+        return max(0, _ceil_div(have_tokens + n_new, self.block_size) - have_blocks)
+
+    def can_append(self, rows: Iterable[AppendRow]) -> bool:
+        """Whether every row could be appended together (a stream may appear twice)."""
+        growth: dict[tuple[RequestId, str], int] = {}
+        for request_id, stream, n_new in rows:
+            if n_new < 0:
+                raise ValueError(f"n_new must be >= 0, got {n_new}")
+            key = (request_id, stream)
+            growth[key] = growth.get(key, 0) + n_new
+        needed = sum(self.blocks_needed(rid, s, n) for (rid, s), n in growth.items())
+        return needed <= self._pool.num_free
+
+    def append(self, request_id: RequestId, stream: str, n_new: int) -> bool:
+        """Grow the stream by ``n_new`` tokens, reserving blocks as needed.
+
+        Returns False and changes nothing when the pool cannot cover the growth.
+        """
+        needed = self.blocks_needed(request_id, stream, n_new)
+        new_blocks = self._pool.allocate(needed)
+        if new_blocks is None:
+            return False
+        state = self._streams.setdefault(request_id, {}).setdefault(stream, _Stream())
+        state.blocks.extend(new_blocks)
+        state.num_tokens += n_new
+        return True
+
+    def free_stream(self, request_id: RequestId, stream: str = DEFAULT_STREAM) -> None:
+        """Return one stream's blocks; a no-op when the stream does not exist."""
+        streams = self._streams.get(request_id)
+        if streams is None or stream not in streams:
+            return
+        self._pool.free(streams.pop(stream).blocks)
+        if not streams:
+            del self._streams[request_id]
+
+    def free_request(self, request_id: RequestId) -> None:
+        """Return every block of every stream of the request; idempotent."""
+        streams = self._streams.pop(request_id, None)
+        if streams is None:
+            return
+        for state in streams.values():
+            self._pool.free(state.blocks)
+
+    def _lookup(self, request_id: RequestId, stream: str) -> _Stream | None:
+        return self._streams.get(request_id, {}).get(stream)
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCacheManager(layers={self.num_layers}, kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, block_size={self.block_size}, "
+            f"blocks={self.num_used_blocks}/{self.num_blocks} used, dtype={self.dtype}, "
+            f"device={self.device})"
+        )
