@@ -5,8 +5,13 @@ from mstar.kv import KVCacheManager
 
 def make(num_blocks: int = 8, block_size: int = 4) -> KVCacheManager:
     return KVCacheManager(
-        num_layers=2, num_kv_heads=2, head_dim=8, block_size=block_size,
-        num_blocks=num_blocks, dtype=torch.float32, device="cpu",
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=8,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        dtype=torch.float32,
+        device="cpu",
     )
 
 
@@ -61,7 +66,9 @@ def test_several_streams_per_request_and_free_request_returns_all() -> None:
     assert kv.append("r", "uncond", 3)
     assert kv.append("s", "main", 4)
     assert sorted(kv.streams("r")) == ["main", "uncond"]
-    tables = kv.block_table("r", "main") + kv.block_table("r", "uncond") + kv.block_table("s", "main")
+    tables = (
+        kv.block_table("r", "main") + kv.block_table("r", "uncond") + kv.block_table("s", "main")
+    )
     assert len(set(tables)) == len(tables) == 4
     kv.free_stream("r", "uncond")
     assert kv.streams("r") == ["main"] and kv.num_used_blocks == 3
@@ -85,14 +92,24 @@ def test_from_memory_budget_sizes_the_pool() -> None:
     per_block = KVCacheManager.bytes_per_block(2, 2, 8, 4, torch.float16)
     assert per_block == 2 * 2 * 4 * 2 * 8 * 2
     kv = KVCacheManager.from_memory_budget(
-        per_block * 5 + per_block - 1, num_layers=2, num_kv_heads=2, head_dim=8,
-        block_size=4, dtype=torch.float16, device="cpu",
+        per_block * 5 + per_block - 1,
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=8,
+        block_size=4,
+        dtype=torch.float16,
+        device="cpu",
     )
     assert kv.num_blocks == 5 and kv.k_cache(0).dtype == torch.float16
     with pytest.raises(ValueError, match=rf"{per_block - 1} bytes.*{per_block} bytes"):
         KVCacheManager.from_memory_budget(
-            per_block - 1, num_layers=2, num_kv_heads=2, head_dim=8, block_size=4,
-            dtype=torch.float16, device="cpu",
+            per_block - 1,
+            num_layers=2,
+            num_kv_heads=2,
+            head_dim=8,
+            block_size=4,
+            dtype=torch.float16,
+            device="cpu",
         )
 
 

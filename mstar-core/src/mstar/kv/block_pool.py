@@ -51,7 +51,9 @@ class BlockPool:
         seen: set[int] = set()
         for block_id in ids:
             if not 0 <= block_id < self._num_blocks:
-                raise ValueError(f"block id {block_id} is not in this pool (0..{self._num_blocks - 1})")
+                raise ValueError(
+                    f"block id {block_id} is not in this pool (0..{self._num_blocks - 1})"
+                )
             if self._is_free[block_id] or block_id in seen:
                 raise ValueError(f"block {block_id} freed twice")
             seen.add(block_id)

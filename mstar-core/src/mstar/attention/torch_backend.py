@@ -1,0 +1,150 @@
+"""Pure-torch paged attention: the reference backend, correct on any device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mstar.attention.backend import AttentionBackend
+from mstar.attention.metadata import AttentionBatch
+from mstar.kv.cache_manager import KVCacheManager
+
+
+@dataclass(frozen=True)
+class _TorchPlan:
+    """Per-step indices and mask; every layer of the step reuses them."""
+
+    num_rows: int
+    max_query_len: int
+    num_tokens: int
+    slot_mapping: torch.Tensor  # [T] where new K/V go
+    kv_slots: (
+        torch.Tensor
+    )  # [B, Kmax] flat cache slot of each gathered key (padding: any valid slot)
+    query_gather: torch.Tensor  # [B*Qmax] token feeding each padded query (padding: token 0)
+    query_unpad: torch.Tensor  # [T] padded position b*Qmax+i of each token
+    mask: torch.Tensor  # [B, 1, Qmax, Kmax] bool, True = may attend
+
+
+def _build_plan(batch: AttentionBatch, device: torch.device) -> _TorchPlan:
+    num_rows, max_q, max_kv = batch.num_rows, batch.max_query_len, batch.max_kv_len
+    block_size = batch.block_size
+    qo_indptr = batch.qo_indptr.to(device=device, dtype=torch.int64)
+    kv_lens = batch.kv_lens.to(device=device, dtype=torch.int64)
+    q_lens = qo_indptr[1:] - qo_indptr[:-1]
+    num_tokens = batch.num_tokens
+
+    key_pos = torch.arange(max_kv, device=device)
+    block_cols = (key_pos // block_size).expand(num_rows, max_kv)
+    block_tables = batch.block_tables.to(device=device, dtype=torch.int64)
+    kv_slots = block_tables.gather(1, block_cols) * block_size + key_pos % block_size
+
+    query_idx = torch.arange(max_q, device=device)
+    query_valid = query_idx < q_lens[:, None]
+    query_gather = torch.where(query_valid, qo_indptr[:-1, None] + query_idx, 0).reshape(-1)
+    # output_size keeps repeat_interleave free of a device sync.
+    token_row = torch.repeat_interleave(
+        torch.arange(num_rows, device=device), q_lens, output_size=num_tokens
+    )
+    offset_in_row = torch.arange(num_tokens, device=device) - qo_indptr[token_row]
+    query_unpad = token_row * max_q + offset_in_row
+
+    # New tokens sit at the end of the stream, so query i of row b is at kv_len - q_len + i.
+    # Padding queries land at or past kv_len and so see every real key: never an empty row.
+    query_pos = (kv_lens - q_lens)[:, None] + query_idx
+    key_valid = key_pos < kv_lens[:, None]
+    causal_ok = key_pos[None, None, :] <= query_pos[:, :, None]
+    row_causal = batch.causal.to(device)[:, None, None]
+    mask = key_valid[:, None, :] & (causal_ok | ~row_causal)
+    for b, row in enumerate(batch.rows):
+        if row.custom_mask is not None:
+            q_len, kv_len = row.custom_mask.shape
+            mask[b, :q_len, :kv_len] = row.custom_mask.to(device)
+
+    return _TorchPlan(
+        num_rows=num_rows,
+        max_query_len=max_q,
+        num_tokens=num_tokens,
+        slot_mapping=batch.slot_mapping.to(device=device, dtype=torch.int64),
+        kv_slots=kv_slots,
+        query_gather=query_gather,
+        query_unpad=query_unpad,
+        mask=mask.unsqueeze(1),
+    )
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Gathers each row's paged K/V into a padded batch and runs one SDPA call per layer.
+
+    Prefill, decode and mixed steps share the same path; ragged rows are handled by padding
+    plus a mask built once per step in ``plan``.
+    """
+
+    name = "torch"
+
+    def __init__(self, kv: KVCacheManager) -> None:
+        super().__init__(kv)
+        self._plan: _TorchPlan | None = None
+
+    def plan(self, batch: AttentionBatch) -> None:
+        if batch.block_size != self.kv.block_size:
+            raise ValueError(
+                f"batch was built for block_size {batch.block_size}, "
+                f"cache uses {self.kv.block_size}"
+            )
+        self._plan = _build_plan(batch, self.kv.device)
+
+    def run(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("TorchAttentionBackend.run called before plan()")
+        num_q_heads, head_dim = q.shape[1], q.shape[2]
+        self._check_shapes(plan, q, k, v)
+
+        k_cache = self.kv.k_cache(layer).view(-1, self.kv.num_kv_heads, self.kv.head_dim)
+        v_cache = self.kv.v_cache(layer).view(-1, self.kv.num_kv_heads, self.kv.head_dim)
+        k_cache.index_copy_(0, plan.slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, plan.slot_mapping, v.to(v_cache.dtype))
+
+        # [B, Kmax, Hkv, D] -> [B, Hkv, Kmax, D]; queries likewise padded to [B, Hq, Qmax, D].
+        keys = k_cache[plan.kv_slots].to(q.dtype).transpose(1, 2)
+        values = v_cache[plan.kv_slots].to(q.dtype).transpose(1, 2)
+        queries = q[plan.query_gather].view(
+            plan.num_rows, plan.max_query_len, num_q_heads, head_dim
+        )
+        out = F.scaled_dot_product_attention(
+            queries.transpose(1, 2),
+            keys,
+            values,
+            attn_mask=plan.mask,
+            scale=scale,
+            enable_gqa=num_q_heads != self.kv.num_kv_heads,
+        )
+        out = out.transpose(1, 2).reshape(-1, num_q_heads, head_dim)
+        return out[plan.query_unpad]
+
+    def _check_shapes(
+        self, plan: _TorchPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        kv_shape = (plan.num_tokens, self.kv.num_kv_heads, self.kv.head_dim)
+        if tuple(k.shape) != kv_shape or tuple(v.shape) != kv_shape:
+            raise ValueError(
+                f"k/v must be [T, Hkv, D] = {list(kv_shape)}, got {list(k.shape)} / {list(v.shape)}"
+            )
+        if q.dim() != 3 or q.shape[0] != plan.num_tokens or q.shape[2] != self.kv.head_dim:
+            raise ValueError(
+                f"q must be [T={plan.num_tokens}, Hq, D={self.kv.head_dim}], got {list(q.shape)}"
+            )
+        if q.shape[1] % self.kv.num_kv_heads != 0:
+            raise ValueError(
+                f"query heads ({q.shape[1]}) must be a multiple of kv heads ({self.kv.num_kv_heads})"
+            )
