@@ -1,1 +1,21 @@
-"""M*: serving composite multimodal models."""
+"""M*: serving composite multimodal models.
+
+Importing ``mstar`` is cheap (no torch); heavy parts load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mstar.plugins.hookspecs import hookimpl, hookspec
+
+__version__ = "0.1.0"
+__all__ = ["Engine", "__version__", "hookimpl", "hookspec"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":
+        from mstar.engine.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'mstar' has no attribute {name!r}")

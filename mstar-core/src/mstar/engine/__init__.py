@@ -1,0 +1,1 @@
+"""The runtime: requests, walk cursors, scheduler, node executors and ``mstar.Engine``."""

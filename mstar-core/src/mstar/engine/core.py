@@ -1,0 +1,465 @@
+"""The engine's step loop: admit requests, find ready rows, batch one group, run it, route.
+
+One ``step()`` runs one forward of one node over a batch of rows that stand at the same
+(node, walk) — or at several walks merged by a ``MixedBatchConfig``. KV rows are cut to a
+token budget (chunked prefill) and get their cache blocks here; when blocks run out a
+request is preempted (its blocks freed, its cache recomputed later), never a crash.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import defaultdict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from mstar.engine.executors import LoadedNode, NodeExecutionError, Row
+from mstar.engine.request import PreparedStep, Request, RequestOutput, RequestStatus, step_key
+from mstar.engine.scheduling_policy import FairOldestFirst, SchedulingPolicy
+from mstar.engine.stream_buffer import StreamBuffer
+from mstar.engine.walk_cursor import WalkCursor
+from mstar.graph import EngineKind, GraphSpec, Step
+from mstar.graph.spec import iter_steps
+from mstar.model.spec import MixedBatchConfig
+from mstar.model.submodule_base import (
+    STOP_ALL,
+    ARNodeInputs,
+    CurrentForwardPassInfo,
+    StopCheck,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    chunked_prefill: bool = True
+    mixed_batches: bool = True
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    forwards_by_group: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    preemptions: int = 0
+    last_batch_size: int = 0
+
+
+@dataclass
+class _Ready:
+    req: Request
+    partition: str
+    step: Step
+    walk: str
+    ready_since: int
+
+
+class EngineCore:
+    def __init__(
+        self,
+        graph: GraphSpec,
+        nodes: dict[str, LoadedNode],
+        scheduler: SchedulerConfig | None = None,
+        mixed_batch_configs: list[MixedBatchConfig] | None = None,
+        policy: SchedulingPolicy | None = None,
+    ) -> None:
+        self.graph = graph
+        self.nodes = nodes
+        self.config = scheduler or SchedulerConfig()
+        self.policy = policy or FairOldestFirst()
+        self.stats = EngineStats()
+        self._merged: dict[tuple[str, str], MixedBatchConfig] = {}
+        if self.config.mixed_batches:
+            for mb in mixed_batch_configs or ():
+                for w in mb.walks:
+                    self._merged[(mb.node, w)] = mb
+        self.waiting: list[Request] = []
+        self.running: dict[str, Request] = {}
+        self._arrivals = itertools.count()
+        self._iteration = 0
+        self._outputs: list[RequestOutput] = []
+        self._stream_producers = self._find_stream_producers()
+        self._chunk_inputs = {
+            s.stream.chunk_signal: name for name, s in graph.stream_edges().items() if s.stream
+        }
+        self._context_inputs = {
+            s.stream.context_signal: name
+            for name, s in graph.stream_edges().items()
+            if s.stream and s.stream.context_signal
+        }
+        self._walk_signals = {
+            w: {o for st in iter_steps(walk.body) for o in st.outputs} for w, walk in graph.walks.items()
+        }
+        self._free_slots = list(range(self.config.max_num_seqs))
+
+    # ---- requests -------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        req.arrival = next(self._arrivals)
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> None:
+        req = self.running.get(request_id) or next((r for r in self.waiting if r.id == request_id), None)
+        if req is not None:
+            req.aborted = True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the loop -------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        self._iteration += 1
+        self._reap_aborted()
+        self._admit()
+        groups = self._ready_groups()
+        if groups:
+            key = self.policy.pick_group(groups)
+            self._run_group(key, groups[key])
+        self._finish_done_requests()
+        out, self._outputs = self._outputs, []
+        return out
+
+    def _admit(self) -> None:
+        while self.waiting and self._free_slots:
+            req = self.waiting.pop(0)
+            if req.aborted:
+                self._emit(RequestOutput(req.id, finished=True, finish_reason="abort"))
+                continue
+            slot = self._free_slots.pop(0)
+            try:
+                self._start(req, slot)
+            except Exception as exc:  # bad request: fails alone
+                self._fail(req, exc)
+
+    def _start(self, req: Request, slot: int) -> None:
+        req.status = RequestStatus.RUNNING
+        self.running[req.id] = req
+        req.slots = {"__slot__": slot}
+        req.signals = dict(req.inputs)
+        for name, sig in self.graph.stream_edges().items():
+            assert sig.stream is not None
+            req.streams[name] = StreamBuffer(sig.stream.policy)
+        for node_name, node in self.nodes.items():
+            if node.sampler is None:
+                continue
+            cfg = req.sampling.get(node_name)
+            assert node.sampler_decl is not None
+            prompt = None
+            if node.sampler_decl.prompt_signal:
+                prompt = req.inputs.get(node.sampler_decl.prompt_signal)
+            node.sampler.add_request(slot, cfg, prompt, list(node.sampler_decl.stop_token_ids))
+            req.slots[node_name] = slot
+        for partition in self.graph.partitions:
+            req.cursors[partition] = WalkCursor(
+                self.graph, partition, req.kwargs, lambda s, r=req: r.streams[s].drained
+            )
+        self._close_finished_streams(req)
+
+    def _ready_groups(self) -> dict[Hashable, list[_Ready]]:
+        groups: dict[Hashable, list[_Ready]] = defaultdict(list)
+        for req in list(self.running.values()):
+            for partition, cursor in req.cursors.items():
+                for step in list(cursor.pending):
+                    if not self._inputs_ready(req, partition, cursor, step):
+                        continue
+                    key = step_key(partition, step)
+                    since = req.ready_since.setdefault(key, self._iteration)
+                    walk = cursor.walk
+                    assert walk is not None
+                    mb = self._merged.get((step.node, walk))
+                    gkey = (step.node, mb.merged_walk if mb else walk)
+                    groups[gkey].append(_Ready(req, partition, step, walk, since))
+        return groups
+
+    def _inputs_ready(self, req: Request, partition: str, cursor: WalkCursor, step: Step) -> bool:
+        if step_key(partition, step) in req.prepared:
+            return True
+        for name in step.inputs:
+            stream = self._chunk_inputs.get(name)
+            if stream is not None:
+                buf = req.streams[stream]
+                if buf.next_chunk() is None:
+                    if buf.drained:  # nothing will come: end the loop waiting on it
+                        loop = cursor.loop_of(step)
+                        cursor.stop({loop} if loop else {STOP_ALL})
+                        cursor.step_done(step)
+                        self._after_cursor_moved(req, partition)
+                    return False
+            elif name not in self._context_inputs and name not in req.signals:
+                return False
+        return True
+
+    # ---- running a group ------------------------------------------------------------
+    def _run_group(self, key: Hashable, ready: list[_Ready]) -> None:
+        node_name, group_walk = key  # type: ignore[misc]
+        node = self.nodes[node_name]
+        rows = self._build_rows(node, group_walk, self.policy.order_rows(ready))
+        if not rows:
+            return
+        self.stats.steps += 1
+        self.stats.forwards_by_group[f"{node_name}:{group_walk}"] += 1
+        self.stats.last_batch_size = len(rows)
+        try:
+            results = node.executor.run(group_walk, rows)
+        except NodeExecutionError as exc:
+            results = exc.partial
+        for row in rows:
+            res = results.get(row.req.id)
+            if isinstance(res, BaseException):
+                self._fail(row.req, res)
+            elif res is not None:
+                self._complete_row(node, row, res)
+
+    def _build_rows(self, node: LoadedNode, group_walk: str, ready: list[_Ready]) -> list[Row]:
+        rows: list[Row] = []
+        budget = self.config.max_num_batched_tokens
+        max_bs = node.submodule.max_batch_size(group_walk) or self.config.max_num_seqs
+        per_walk: dict[str, int] = defaultdict(int)
+        mb = self._merged.get((node.name, ready[0].walk))
+        for r in ready:
+            if len(rows) >= max_bs:
+                break
+            if r.req.aborted or r.req.status is not RequestStatus.RUNNING:
+                continue
+            if mb and mb.max_rows.get(r.walk) is not None and per_walk[r.walk] >= mb.max_rows[r.walk]:
+                continue
+            try:
+                prepared = self._prepare(node, r)
+            except Exception as exc:
+                self._fail(r.req, exc)
+                continue
+            if node.kind is EngineKind.STATELESS:
+                rows.append(Row(r.req, r.partition, r.step, r.walk, prepared, prepared.inputs, 0, False, True))
+                per_walk[r.walk] += 1
+                continue
+            row = self._kv_row(node, r, prepared, budget, rows)
+            if row is None:
+                if budget <= 0:
+                    break
+                continue
+            rows.append(row)
+            per_walk[r.walk] += 1
+            budget -= row.num_tokens
+            if budget <= 0:
+                break
+        return rows
+
+    def _prepare(self, node: LoadedNode, r: _Ready) -> PreparedStep:
+        key = step_key(r.partition, r.step)
+        prepared = r.req.prepared.get(key)
+        if prepared is not None:
+            return prepared
+        cursor = r.req.cursors[r.partition]
+        signals = dict(r.req.signals)
+        ends: dict[str, int] = {}
+        for name in r.step.inputs:
+            stream = self._chunk_inputs.get(name)
+            if stream is not None:
+                chunk = r.req.streams[stream].next_chunk()
+                assert chunk is not None
+                window, context, end = chunk
+                signals[name] = window
+                ends[stream] = end
+                ctx_name = self.graph.signals[stream].stream.context_signal  # type: ignore[union-attr]
+                if ctx_name:
+                    signals[ctx_name] = torch.tensor(context)
+        main = r.req.sampling.get(node.name)
+        info = CurrentForwardPassInfo(
+            request_id=r.req.id,
+            walk=r.walk,
+            request_kwargs=r.req.kwargs,
+            num_computed_tokens=node.kv.num_tokens(r.req.id, "main") if node.kv else 0,
+            iteration=cursor.iteration(r.step),
+            num_generated=r.req.num_generated.get(node.name, 0),
+            sampling=main.main if main is not None else None,
+        )
+        inputs = node.submodule.prepare_inputs(r.walk, info, signals)
+        inputs.graph_walk = r.walk
+        prepared = PreparedStep(inputs, info, ends)
+        r.req.prepared[key] = prepared
+        return prepared
+
+    def _kv_row(
+        self, node: LoadedNode, r: _Ready, prepared: PreparedStep, budget: int, rows: list[Row]
+    ) -> Row | None:
+        assert node.kv is not None
+        req = r.req
+        replay = node.name in req.needs_replay
+        if replay:
+            inputs: ARNodeInputs = ARNodeInputs.concat(req.kv_history[node.name])
+            start, total = node.kv.num_tokens(req.id, "main"), inputs.input_seq_len
+        else:
+            inputs = prepared.inputs  # type: ignore[assignment]
+            start, total = prepared.done, prepared.total
+        remaining = total - start
+        n = min(remaining, budget) if self.config.chunked_prefill else remaining
+        if n <= 0 or (n < remaining and not self.config.chunked_prefill):
+            return None
+        cached = node.kv.num_tokens(req.id, "main")
+        if cached + n > node.max_model_len:
+            if cached == 0 or not req.num_generated.get(node.name):
+                self._fail(req, ValueError(
+                    f"input of {cached + remaining} positions exceeds the model's maximum length of "
+                    f"{node.max_model_len}"
+                ))
+            else:
+                req.finish_reason = req.finish_reason or "length"
+                self._stop_partition(req, r.partition)
+            return None
+        if not self._reserve(node, req, n, rows):
+            return None
+        chunk = node.submodule.split_inputs(r.walk, prepared.info, inputs, start, start + n)
+        completes = not replay and start + n == total
+        prepared.info.num_computed_tokens = cached
+        prepared.info.is_last_chunk = completes
+        return Row(req, r.partition, r.step, r.walk, prepared, chunk, n, replay, completes)
+
+    def _reserve(self, node: LoadedNode, req: Request, n: int, rows: list[Row]) -> bool:
+        assert node.kv is not None
+        while not node.kv.append(req.id, "main", n):
+            in_batch = {row.req.id for row in rows} | {req.id}
+            holders = [
+                q for q in self.running.values()
+                if q.id not in in_batch and node.kv.num_tokens(q.id, "main") > 0
+            ]
+            if not holders:
+                if not rows:
+                    needed = node.kv.num_tokens(req.id, "main") + n
+                    self._fail(req, MemoryError(
+                        f"request needs {needed} cache positions on node {node.name!r}; the KV "
+                        f"pool holds {node.kv.num_blocks * node.kv.block_size}"
+                    ))
+                return False
+            self._preempt(node, self.policy.preemption_victim(holders))
+        return True
+
+    def _preempt(self, node: LoadedNode, victim: Request) -> None:
+        assert node.kv is not None
+        node.kv.free_request(victim.id)
+        if victim.kv_history.get(node.name):
+            victim.needs_replay.add(node.name)
+        self.stats.preemptions += 1
+        log.debug("preempted %s on %s", victim.id, node.name)
+
+    # ---- after the forward ----------------------------------------------------------
+    def _complete_row(self, node: LoadedNode, row: Row, outputs: dict[str, torch.Tensor]) -> None:
+        req = row.req
+        if node.kind is EngineKind.KV_CACHE:
+            if row.replay:
+                req.needs_replay.discard(node.name)
+                return
+            req.kv_history.setdefault(node.name, []).append(row.inputs)  # type: ignore[arg-type]
+            row.prepared.done += row.num_tokens
+            if not row.completes:
+                return
+        key = step_key(row.partition, row.step)
+        del req.prepared[key]
+        req.ready_since.pop(key, None)
+        for stream, end in row.prepared.stream_ends.items():
+            req.streams[stream].consume(end)
+        info = row.prepared.info
+        try:
+            node.submodule.postprocess(req.id, info, outputs)
+            check = row.stop_check if row.stop_check is not None else node.submodule.check_stop(req.id, info, outputs)
+        except Exception as exc:
+            self._fail(req, exc)
+            return
+        if not isinstance(check, StopCheck):
+            check = StopCheck(frozenset(check))
+        req.num_generated[node.name] = req.num_generated.get(node.name, 0) + 1
+        for name in row.step.outputs:
+            if name in outputs and name not in check.withheld:
+                self._route(req, name, outputs[name])
+        if check.reason and not req.finish_reason:
+            req.finish_reason = check.reason
+        cursor = req.cursors[row.partition]
+        cursor.stop(check.stops)
+        cursor.step_done(row.step)
+        self._after_cursor_moved(req, row.partition)
+
+    def _route(self, req: Request, name: str, value: torch.Tensor) -> None:
+        req.signals[name] = value
+        sig = self.graph.signals.get(name)
+        if sig is None:
+            return
+        if sig.to_client:
+            self._emit(RequestOutput(req.id, signal=name, data=value))
+        if sig.stream is not None:
+            req.streams[name].append(value)
+
+    def _after_cursor_moved(self, req: Request, partition: str) -> None:
+        cursor = req.cursors[partition]
+        for walk in cursor.pop_finished_walks():
+            for name in self._walk_signals[walk]:
+                sig = self.graph.signals.get(name)
+                if sig is not None and not sig.persist:
+                    req.signals.pop(name, None)
+        if cursor.done:
+            self._close_finished_streams(req)
+
+    def _stop_partition(self, req: Request, partition: str) -> None:
+        cursor = req.cursors[partition]
+        for key in [k for k in req.prepared if k[0] == partition]:
+            del req.prepared[key]
+        cursor.stop({STOP_ALL})
+        if cursor.pending:
+            cursor.step_done(cursor.pending[0])
+        self._after_cursor_moved(req, partition)
+
+    def _close_finished_streams(self, req: Request) -> None:
+        for stream, producers in self._stream_producers.items():
+            if all(req.cursors[p].done for p in producers):
+                req.streams[stream].closed = True
+
+    def _find_stream_producers(self) -> dict[str, set[str]]:
+        producers: dict[str, set[str]] = {}
+        for name in self.graph.stream_edges():
+            producers[name] = {
+                w.partition for w in self.graph.walks.values()
+                if any(name in s.outputs for s in iter_steps(w.body))
+            }
+        return producers
+
+    # ---- leaving --------------------------------------------------------------------
+    def _finish_done_requests(self) -> None:
+        for req in list(self.running.values()):
+            if all(c.done for c in req.cursors.values()):
+                self._emit(RequestOutput(req.id, finished=True, finish_reason=req.finish_reason or "stop"))
+                self._release(req)
+
+    def _reap_aborted(self) -> None:
+        for req in list(self.running.values()):
+            if req.aborted:
+                self._emit(RequestOutput(req.id, finished=True, finish_reason="abort"))
+                self._release(req)
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        req.error = f"{type(exc).__name__}: {exc}"
+        log.info("request %s failed: %s", req.id, req.error)
+        self._emit(RequestOutput(req.id, finished=True, finish_reason="error", error=req.error))
+        if req.id in self.running:
+            self._release(req)
+
+    def _release(self, req: Request) -> None:
+        req.status = RequestStatus.FINISHED
+        self.running.pop(req.id, None)
+        for node in self.nodes.values():
+            if node.kv is not None:
+                node.kv.free_request(req.id)
+            if node.sampler is not None and node.name in req.slots:
+                node.sampler.remove_request(req.slots[node.name])
+            node.submodule.cleanup_request(req.id)
+        if "__slot__" in req.slots:
+            self._free_slots.append(req.slots.pop("__slot__"))
+            self._free_slots.sort()
+        req.states.clear()
+        req.prepared.clear()
+        req.kv_history.clear()
+        req.slots.clear()
+
+    def _emit(self, out: RequestOutput) -> None:
+        self._outputs.append(out)

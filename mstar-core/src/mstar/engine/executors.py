@@ -1,0 +1,150 @@
+"""Running one batch of rows through one node: the KV-cache and the stateless executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mstar.graph import EngineKind, Step
+from mstar.model.spec import NodeSamplers
+from mstar.model.submodule_base import (
+    ARNodeSubmodule,
+    BatchedModelOutput,
+    ModelInputsFromEngine,
+    NodeInputs,
+    NodeSubmodule,
+    StopCheck,
+)
+
+if TYPE_CHECKING:
+    from mstar.engine.piecewise import PiecewiseRunner
+    from mstar.engine.request import PreparedStep, Request
+    from mstar.kv import KVCacheManager
+
+RowResult = dict[str, torch.Tensor] | BaseException
+
+
+@dataclass
+class Row:
+    req: Request
+    partition: str
+    step: Step
+    walk: str
+    prepared: PreparedStep
+    inputs: NodeInputs  # what this forward runs (a chunk of the step, or a cache replay)
+    num_tokens: int
+    replay: bool
+    completes: bool
+    stop_check: StopCheck | None = None
+
+
+class NodeExecutionError(Exception):
+    def __init__(self, partial: dict[str, RowResult]) -> None:
+        super().__init__("node execution failed")
+        self.partial = partial
+
+
+@dataclass
+class LoadedNode:
+    name: str
+    kind: EngineKind
+    submodule: NodeSubmodule
+    device: torch.device
+    kv: KVCacheManager | None = None
+    attention: Any = None
+    sampler: Any = None  # MultiSampler
+    sampler_decl: NodeSamplers | None = None
+    piecewise: dict[str, PiecewiseRunner] = field(default_factory=dict)
+    executor: NodeExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.executor = KVNodeExecutor(self) if self.kind is EngineKind.KV_CACHE else StatelessNodeExecutor(self)
+
+    @property
+    def max_model_len(self) -> int:
+        assert isinstance(self.submodule, ARNodeSubmodule)
+        return self.submodule.max_model_len()
+
+
+class NodeExecutor:
+    def __init__(self, node: LoadedNode) -> None:
+        self.node = node
+
+    def run(self, walk: str, rows: list[Row]) -> dict[str, RowResult]:
+        """Outputs per request id; a batch whose forward raises is retried row by row so a
+        failing request fails alone."""
+        try:
+            return self._run_checked(walk, rows)
+        except Exception as exc:
+            if len(rows) == 1:
+                return {rows[0].req.id: exc}
+        results: dict[str, RowResult] = {}
+        for row in rows:
+            try:
+                results.update(self._run_checked(walk, [row]))
+            except Exception as exc:
+                results[row.req.id] = exc
+        return results
+
+    def _run_checked(self, walk: str, rows: list[Row]) -> dict[str, RowResult]:
+        sub = self.node.submodule
+        engine_inputs = self._engine_inputs(rows)
+        with torch.inference_mode():
+            kwargs = sub.preprocess(walk, engine_inputs, [r.inputs for r in rows])
+            out = BatchedModelOutput()
+            forward_out = sub.forward_batched(walk, engine_inputs, **kwargs)
+            out = forward_out if isinstance(forward_out, BatchedModelOutput) else BatchedModelOutput(per_rid_outputs=forward_out)
+        done = [r for r in rows if r.completes]
+        if done:
+            infos = [r.prepared.info for r in done]
+            idx = {r.req.id: i for i, r in enumerate(rows)}
+            if len(done) == len(rows):
+                batched = sub.check_stop_batched([r.req.id for r in rows], infos, out)
+                if batched is not None:
+                    for r in rows:
+                        r.stop_check = batched.checks.get(r.req.id, StopCheck())
+        else:
+            idx = {r.req.id: i for i, r in enumerate(rows)}
+        return {r.req.id: out.for_row(idx[r.req.id], r.req.id) for r in rows}
+
+    def _engine_inputs(self, rows: list[Row]) -> ModelInputsFromEngine:
+        return ModelInputsFromEngine(
+            request_ids=[r.req.id for r in rows],
+            per_request_info={r.req.id: r.prepared.info for r in rows},
+            per_request_states={r.req.id: r.req.state(self.node.name) for r in rows},
+        )
+
+
+class StatelessNodeExecutor(NodeExecutor):
+    def run(self, walk: str, rows: list[Row]) -> dict[str, RowResult]:
+        if len(rows) > 1 and not self.node.submodule.can_batch(walk, [r.prepared.info for r in rows]):
+            results: dict[str, RowResult] = {}
+            for row in rows:
+                results.update(super().run(walk, [row]))
+            return results
+        return super().run(walk, rows)
+
+
+class KVNodeExecutor(NodeExecutor):
+    def _engine_inputs(self, rows: list[Row]) -> ModelInputsFromEngine:
+        from mstar.attention import AttentionBatch
+
+        node = self.node
+        ei = super()._engine_inputs(rows)
+        batch = AttentionBatch.build(
+            [(r.req.id, "main", r.num_tokens, True, None) for r in rows], node.kv, node.device
+        )
+        node.attention.plan(batch)
+        ei.attention = node.attention
+        ei.positions = batch.positions
+        ei.qo_indptr = batch.qo_indptr
+        if node.sampler is not None:
+            from mstar.sampling import BatchSampler
+
+            slots = torch.tensor([r.req.slots[node.name] for r in rows], dtype=torch.long, device=node.device)
+            advance = torch.tensor([r.completes for r in rows], dtype=torch.bool, device=node.device)
+            ei.sampler = BatchSampler(node.sampler, slots, advance)
+        ei.piecewise_runners = {label: runner.bind(ei.sampler) for label, runner in node.piecewise.items()}
+        return ei

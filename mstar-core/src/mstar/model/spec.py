@@ -1,0 +1,85 @@
+"""Data types a model plugin returns from its hooks (see ``mstar.plugins.hookspecs``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mstar.graph import GraphSpec
+    from mstar.model.submodule_base import NodeSubmodule
+    from mstar.sampling import SamplingParams
+
+ModelConfig = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Who a model is and how to build it.
+
+    ``load_config(dir)`` reads the checkpoint's config (never hard-coded sizes);
+    ``build_graph(config)`` returns its walk graph; ``write_tiny_checkpoint(dir)`` writes a
+    tiny random-weight checkpoint in the real layout (tests and ``--random-weights``).
+    ``shipped_files`` are files the plugin ships and refers to (placement YAMLs, templates):
+    ``mstar check-plugin`` fails when one is missing.
+    """
+
+    name: str
+    load_config: Callable[[Path], ModelConfig]
+    build_graph: Callable[[ModelConfig], GraphSpec]
+    write_tiny_checkpoint: Callable[[Path], None]
+    aliases: tuple[str, ...] = ()
+    architectures: tuple[str, ...] = ()
+    default_placement: Mapping[str, str] = field(default_factory=dict)
+    shipped_files: tuple[Path, ...] = ()
+    max_model_len: Callable[[ModelConfig], int] | None = None
+
+
+NodeFactory = Callable[[ModelConfig, Path | None, str], "NodeSubmodule"]
+"""(config, checkpoint_dir or None for random init, device) -> the node's submodule."""
+
+
+@dataclass(frozen=True)
+class NodeSamplers:
+    """A KV node's sampling declaration: its main defaults and its auxiliary labels.
+
+    The label set is static: it never depends on per-request arguments (values may).
+    """
+
+    vocab_size: int
+    main: SamplingParams
+    aux: Mapping[str, SamplingParams] = field(default_factory=dict)
+    aux_vocab_sizes: Mapping[str, int] = field(default_factory=dict)
+    stop_token_ids: tuple[int, ...] = ()  # end-of-sequence ids (min_tokens suppresses them)
+    prompt_signal: str | None = None  # request input holding the prompt ids (penalties)
+
+
+@dataclass(frozen=True)
+class MixedBatchConfig:
+    """Walks of one node whose rows may share one forward, run under ``merged_walk``.
+
+    ``max_rows`` caps how many rows of a given walk one mixed step may hold.
+    """
+
+    node: str
+    walks: tuple[str, ...]
+    merged_walk: str
+    max_rows: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PiecewiseGraphConfig:
+    """A labelled inner region of a node's forward that the runner may capture.
+
+    ``capture_fn(static_inputs: dict[str, Tensor], sampler) -> dict[str, Tensor]``: when
+    ``uses_sampler`` is set, the runner passes the batch's gathered sampler as ``sampler``
+    (``None`` otherwise). ``static_input_names`` are the tensors the caller must pass.
+    """
+
+    label: str
+    capture_fn: Callable[..., dict[str, Any]]
+    static_input_names: tuple[str, ...]
+    uses_sampler: bool = False
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)

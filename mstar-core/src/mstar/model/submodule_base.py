@@ -1,0 +1,251 @@
+"""The submodule contract the engines drive (seed 002's vocabulary, simplified).
+
+Per step of a node the engine calls, for each row (request):
+``prepare_inputs`` (its signals → ``NodeInputs``; for a long prompt ``split_inputs`` cuts
+the chunk this step runs), then once for the batch ``preprocess`` (collate) and
+``forward_batched`` (tensors in, ``BatchedModelOutput`` out), then per row ``postprocess``
+and ``check_stop`` (or ``check_stop_batched`` once for the batch).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from mstar.attention.backend import AttentionBackend
+    from mstar.engine.piecewise import PiecewiseRunner
+    from mstar.sampling import BatchSampler, SamplingParams
+
+STOP_ALL = "*"
+"""A stop name ending the request's current partition: no further steps or walks there."""
+
+
+@dataclass
+class NodeInputs:
+    """One row's inputs to one step. ``input_seq_len`` is the number of positions the row
+    adds (KV nodes plan their cache from it)."""
+
+    tensor_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    input_seq_len: int = 0
+    graph_walk: str | None = None
+
+    def clone(self) -> NodeInputs:
+        values = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                v = v.clone()
+            elif isinstance(v, dict):
+                v = {k: t.clone() if isinstance(t, torch.Tensor) else t for k, t in v.items()}
+            values[f.name] = v
+        return type(self)(**values)
+
+
+@dataclass
+class ARNodeInputs(NodeInputs):
+    """Inputs of an autoregressive (KV) node: ``input_ids`` [n] or ``input_embeds`` [n, H]."""
+
+    input_ids: torch.Tensor | None = None
+    input_embeds: torch.Tensor | None = None
+    custom_pos_ids: torch.Tensor | None = None
+
+    def slice(self, start: int, end: int) -> ARNodeInputs:
+        return replace(
+            self,
+            input_ids=None if self.input_ids is None else self.input_ids[start:end],
+            input_embeds=None if self.input_embeds is None else self.input_embeds[start:end],
+            custom_pos_ids=None if self.custom_pos_ids is None else self.custom_pos_ids[..., start:end],
+            input_seq_len=end - start,
+        )
+
+    @staticmethod
+    def concat(parts: list[ARNodeInputs]) -> ARNodeInputs:
+        """The inputs of several steps as one (to recompute a preempted request's cache)."""
+
+        def cat(name: str) -> torch.Tensor | None:
+            ts = [getattr(p, name) for p in parts]
+            if all(t is None for t in ts):
+                return None
+            if any(t is None for t in ts):
+                raise ValueError(f"cannot concatenate inputs where only some rows have {name}")
+            return torch.cat(ts, dim=-1 if name == "custom_pos_ids" else 0)
+
+        return ARNodeInputs(
+            input_ids=cat("input_ids"),
+            input_embeds=cat("input_embeds"),
+            custom_pos_ids=cat("custom_pos_ids"),
+            input_seq_len=sum(p.input_seq_len for p in parts),
+            graph_walk=parts[-1].graph_walk,
+        )
+
+
+@dataclass
+class CurrentForwardPassInfo:
+    """What the engine tells a submodule about one row of this step."""
+
+    request_id: str
+    walk: str  # the row's own walk, even inside a merged (mixed) batch
+    request_kwargs: Mapping[str, Any]
+    num_computed_tokens: int = 0  # KV positions of this node before this step
+    is_last_chunk: bool = True  # False for a non-final prefill chunk or a cache recompute
+    iteration: int = 0  # how many times this step already ran in its loop
+    num_generated: int = 0  # completed steps of this node that produced a sample
+    sampling: SamplingParams | None = None  # the row's main sampling params, if it samples
+
+
+@dataclass
+class PerRequestState:
+    """Engine-owned per-request state a submodule keeps across steps; freed with the request."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.tensors:
+            return self.tensors[key]
+        return self.kwargs.get(key, default)
+
+    def add(self, key: str, value: Any) -> None:
+        (self.tensors if isinstance(value, torch.Tensor) else self.kwargs)[key] = value
+
+
+@dataclass
+class ModelInputsFromEngine:
+    """Everything the engine hands a batched forward besides the collated inputs."""
+
+    request_ids: list[str]
+    per_request_info: dict[str, CurrentForwardPassInfo]
+    per_request_states: Mapping[str, PerRequestState] = field(default_factory=dict)
+    attention: AttentionBackend | None = None  # planned for this step (KV nodes)
+    positions: torch.Tensor | None = None  # [T] absolute positions of the new tokens
+    qo_indptr: torch.Tensor | None = None  # [B+1] row offsets into the flat token dim
+    sampler: BatchSampler | None = None  # the batch's gathered sampler
+    piecewise_runners: dict[str, PiecewiseRunner] = field(default_factory=dict)
+
+    @property
+    def last_token_index(self) -> torch.Tensor:
+        """[B] index of each row's last new token in the flat token dim."""
+        assert self.qo_indptr is not None
+        return self.qo_indptr[1:] - 1
+
+
+@dataclass
+class BatchedModelOutput:
+    """A step's outputs: ``row_outputs`` are batch-first tensors (row i → request i), the
+    vectorised path; ``per_rid_outputs`` hold ragged per-request tensors."""
+
+    row_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    per_rid_outputs: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    def for_row(self, i: int, request_id: str) -> dict[str, torch.Tensor]:
+        out = {k: v[i] for k, v in self.row_outputs.items()}
+        out.update(self.per_rid_outputs.get(request_id, {}))
+        return out
+
+
+class StopCheck(NamedTuple):
+    """``check_stop``'s answer: loops to stop (``STOP_ALL`` ends the partition), outputs
+    of this step that must not be routed (e.g. an end-of-speech token), and why it stopped
+    (reported to the client, e.g. "stop" or "length")."""
+
+    stops: frozenset[str] = frozenset()
+    withheld: tuple[str, ...] = ()
+    reason: str | None = None
+
+
+class BatchedStopCheck(NamedTuple):
+    """Per request id, for the rows that stop or withhold; rows left out continue."""
+
+    checks: dict[str, StopCheck]
+
+
+class NodeSubmodule(nn.Module, ABC):
+    """A model's compute unit for one node of its graph."""
+
+    @abstractmethod
+    def prepare_inputs(
+        self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]
+    ) -> NodeInputs:
+        """One row's inputs from its routed signals. May raise ValueError for bad input:
+        the request fails alone with that message."""
+
+    def preprocess(
+        self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]
+    ) -> dict[str, Any]:
+        """Collate the rows into the keyword arguments of ``forward_batched``."""
+        return {"inputs": inputs}
+
+    @abstractmethod
+    def forward_batched(
+        self, graph_walk: str, engine_inputs: ModelInputsFromEngine, **kwargs: Any
+    ) -> BatchedModelOutput:
+        """Pure tensor computation over the batch."""
+
+    def postprocess(
+        self, request_id: str, info: CurrentForwardPassInfo, outputs: dict[str, torch.Tensor]
+    ) -> None:
+        """Per-row metadata work on outputs, in place (rename, drop). Default nothing."""
+
+    def check_stop(
+        self, request_id: str, info: CurrentForwardPassInfo, outputs: Mapping[str, torch.Tensor]
+    ) -> set[str] | StopCheck:
+        """Loops to stop after this step (may read tensor values). Default none."""
+        return set()
+
+    def check_stop_batched(
+        self,
+        request_ids: list[str],
+        infos: list[CurrentForwardPassInfo],
+        outputs: BatchedModelOutput,
+    ) -> BatchedStopCheck | None:
+        """The whole batch at once; None falls back to per-row ``check_stop``."""
+        return None
+
+    def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
+        return True
+
+    def max_batch_size(self, graph_walk: str) -> int | None:
+        return None
+
+    def get_autocast_dtype(self) -> torch.dtype | None:
+        """This node's dtype when it differs from the model's (codecs: float32)."""
+        return None
+
+    def cleanup_request(self, request_id: str) -> None:
+        """Drop private per-request state; the engine calls it when a request leaves."""
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+
+
+class ARNodeSubmodule(NodeSubmodule):
+    """A node on the paged KV cache. Its layers call ``engine_inputs.attention.run(layer,
+    q, k, v)``, planned by the engine for the step."""
+
+    @abstractmethod
+    def kv_cache_layout(self) -> KVCacheLayout: ...
+
+    @abstractmethod
+    def max_model_len(self) -> int: ...
+
+    def split_inputs(
+        self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs, start: int, end: int
+    ) -> ARNodeInputs:
+        """This step's inputs restricted to positions [start, end) (chunked prefill)."""
+        if inputs.tensor_inputs:
+            raise NotImplementedError(
+                f"{type(self).__name__} has tensor_inputs and must override split_inputs to be chunked"
+            )
+        return inputs.slice(start, end)
