@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 from mstar.attention import TorchAttentionBackend, backend, create_backend, select_backend
@@ -33,3 +35,14 @@ def test_create_backend_builds_torch_on_cpu() -> None:
     kv = KVCacheManager(1, 1, 4, block_size=4, num_blocks=2)
     attn = create_backend(kv)
     assert isinstance(attn, TorchAttentionBackend) and attn.name == "torch" and attn.kv is kv
+
+
+def test_auto_choice_falls_back_when_flashinfer_lacks_the_dtype(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(backend, "flashinfer_import_error", lambda: None)
+    fp32_cuda_cache = SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32)
+    attn = create_backend(fp32_cuda_cache)  # type: ignore[arg-type]
+    assert isinstance(attn, TorchAttentionBackend)
+    with pytest.raises(ValueError, match="supports"):
+        create_backend(fp32_cuda_cache, "flashinfer")  # type: ignore[arg-type]

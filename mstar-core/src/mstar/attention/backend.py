@@ -85,13 +85,19 @@ def select_backend(device: torch.device | str, override: str | None = None) -> B
 
 
 def create_backend(kv: KVCacheManager, override: str | None = None) -> AttentionBackend:
-    """The backend for ``kv``'s device (see ``select_backend``), constructed over ``kv``."""
+    """The backend for ``kv``'s device (see ``select_backend``), constructed over ``kv``.
+
+    Without an override, a cache dtype flashinfer cannot serve falls back to ``torch``.
+    """
     name = select_backend(kv.device, override)
     if name == "flashinfer":
-        # Imported here only: flashinfer is an optional CUDA-only dependency.
-        from mstar.attention.flashinfer_backend import FlashInferAttentionBackend
+        # Imported here only, to keep the CUDA path out of CPU-only imports.
+        from mstar.attention.flashinfer_backend import FLASHINFER_DTYPES, FlashInferAttentionBackend
 
-        return FlashInferAttentionBackend(kv)
+        # An automatic choice must not fail on a cache dtype flashinfer lacks (e.g. fp32);
+        # an explicit override still gets flashinfer's clear error.
+        if override is not None or kv.dtype in FLASHINFER_DTYPES:
+            return FlashInferAttentionBackend(kv)
     from mstar.attention.torch_backend import TorchAttentionBackend
 
     return TorchAttentionBackend(kv)

@@ -110,10 +110,9 @@ class TorchAttentionBackend(AttentionBackend):
         num_q_heads, head_dim = q.shape[1], q.shape[2]
         self._check_shapes(plan, q, k, v)
 
+        self.kv.write(layer, plan.slot_mapping, k, v)
         k_cache = self.kv.k_cache(layer).view(-1, self.kv.num_kv_heads, self.kv.head_dim)
         v_cache = self.kv.v_cache(layer).view(-1, self.kv.num_kv_heads, self.kv.head_dim)
-        k_cache.index_copy_(0, plan.slot_mapping, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, plan.slot_mapping, v.to(v_cache.dtype))
 
         # [B, Kmax, Hkv, D] -> [B, Hkv, Kmax, D]; queries likewise padded to [B, Hq, Qmax, D].
         keys = k_cache[plan.kv_slots].to(q.dtype).transpose(1, 2)

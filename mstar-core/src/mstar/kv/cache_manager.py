@@ -107,6 +107,14 @@ class KVCacheManager:
     def v_cache(self, layer: int) -> torch.Tensor:
         return self._v[layer]
 
+    def write(
+        self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Store ``k``/``v`` [T, Hkv, D] at flat slots ``block_id * block_size + offset``."""
+        shape = (-1, self.num_kv_heads, self.head_dim)
+        self._k[layer].view(shape).index_copy_(0, slot_mapping, k.to(self.dtype))
+        self._v[layer].view(shape).index_copy_(0, slot_mapping, v.to(self.dtype))
+
     # ---- usage counters ------------------------------------------------------------------
 
     @property
