@@ -107,8 +107,8 @@ class TorchAttentionBackend(AttentionBackend):
         plan = self._plan
         if plan is None:
             raise RuntimeError("TorchAttentionBackend.run called before plan()")
-        num_q_heads, head_dim = q.shape[1], q.shape[2]
         self._check_shapes(plan, q, k, v)
+        num_q_heads, head_dim = q.shape[1], q.shape[2]
 
         self.kv.write(layer, plan.slot_mapping, k, v)
         k_cache = self.kv.k_cache(layer).view(-1, self.kv.num_kv_heads, self.kv.head_dim)
