@@ -150,8 +150,8 @@ class EngineCore:
             assert node.sampler_decl is not None
             prompt = None
             if node.sampler_decl.prompt_signal:
-                prompt = req.inputs.get(node.sampler_decl.prompt_signal)
-            node.sampler.add_request(slot, cfg, prompt, list(node.sampler_decl.stop_token_ids))
+                prompt = req.inputs[node.sampler_decl.prompt_signal].reshape(-1).tolist()
+            node.sampler.add_request(slot, cfg, prompt or (), list(node.sampler_decl.stop_token_ids))
             req.slots[node_name] = slot
         for partition in self.graph.partitions:
             req.cursors[partition] = WalkCursor(

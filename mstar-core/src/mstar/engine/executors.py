@@ -141,10 +141,8 @@ class KVNodeExecutor(NodeExecutor):
         ei.positions = batch.positions
         ei.qo_indptr = batch.qo_indptr
         if node.sampler is not None:
-            from mstar.sampling import BatchSampler
-
             slots = torch.tensor([r.req.slots[node.name] for r in rows], dtype=torch.long, device=node.device)
             advance = torch.tensor([r.completes for r in rows], dtype=torch.bool, device=node.device)
-            ei.sampler = BatchSampler(node.sampler, slots, advance)
+            ei.sampler = node.sampler.bind(slots, advance)
         ei.piecewise_runners = {label: runner.bind(ei.sampler) for label, runner in node.piecewise.items()}
         return ei

@@ -11,7 +11,12 @@ import torch
 from mstar.engine.stream_buffer import StreamBuffer
 from mstar.engine.walk_cursor import WalkCursor
 from mstar.graph import Step
-from mstar.model.submodule_base import ARNodeInputs, CurrentForwardPassInfo, NodeInputs, PerRequestState
+from mstar.model.submodule_base import (
+    ARNodeInputs,
+    CurrentForwardPassInfo,
+    NodeInputs,
+    PerRequestState,
+)
 
 
 class RequestStatus(enum.Enum):

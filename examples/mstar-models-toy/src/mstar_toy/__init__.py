@@ -1,0 +1,1 @@
+"""The ``toy`` model: an example M* plugin."""

@@ -1,0 +1,159 @@
+"""The toy LM: a small Llama-style decoder on M*'s paged KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from mstar.model.submodule_base import (
+    STOP_ALL,
+    ARNodeInputs,
+    ARNodeSubmodule,
+    BatchedModelOutput,
+    BatchedStopCheck,
+    CurrentForwardPassInfo,
+    KVCacheLayout,
+    ModelInputsFromEngine,
+    StopCheck,
+)
+from torch import nn
+
+AUX_LABEL = "residual"
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + self.eps) * self.weight
+
+
+def rope(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    freqs = positions.to(torch.float32)[:, None] * inv[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos()[:, None, :], emb.sin()[:, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        h = cfg["hidden_size"]
+        self.n_heads = cfg["num_attention_heads"]
+        self.n_kv = cfg["num_key_value_heads"]
+        self.head_dim = h // self.n_heads
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Any, layer: int) -> torch.Tensor:
+        t = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(t, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(t, self.n_kv, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        return self.o_proj(attn.run(layer, q, k, v).reshape(t, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
+        self.input_norm = RMSNorm(h, eps)
+        self.attn = Attention(cfg)
+        self.post_norm = RMSNorm(h, eps)
+        self.gate_proj = nn.Linear(h, cfg["intermediate_size"], bias=False)
+        self.up_proj = nn.Linear(h, cfg["intermediate_size"], bias=False)
+        self.down_proj = nn.Linear(cfg["intermediate_size"], h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Any, layer: int) -> torch.Tensor:
+        x = x + self.attn(self.input_norm(x), cos, sin, attn, layer)
+        h = self.post_norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class ToyLM(ARNodeSubmodule):
+    """Node ``lm``. Each step samples a byte token (main sampler) and, conditioned on it, a
+    residual code (auxiliary label ``residual``), like a code predictor."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.cfg = dict(cfg)
+        h = cfg["hidden_size"]
+        self.embed = nn.Embedding(cfg["vocab_size"], h)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.norm = RMSNorm(h, cfg["rms_norm_eps"])
+        self.head = nn.Linear(h, cfg["vocab_size"], bias=False)
+        self.aux_embed = nn.Embedding(cfg["vocab_size"], h)
+        self.aux_head = nn.Linear(h, cfg["residual_codes"], bias=False)
+        self.head_dim = h // cfg["num_attention_heads"]
+        self.eos_token_id = cfg["eos_token_id"]
+
+    def kv_cache_layout(self) -> KVCacheLayout:
+        return KVCacheLayout(self.cfg["num_hidden_layers"], self.cfg["num_key_value_heads"], self.head_dim)
+
+    def max_model_len(self) -> int:
+        return self.cfg["max_position_embeddings"]
+
+    def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
+        ids = signals["prompt_ids"] if graph_walk == "prefill" else signals["token"]
+        ids = ids.reshape(-1).to(torch.long)
+        if ids.numel() == 0:
+            raise ValueError("the prompt is empty")
+        if int(ids.max()) >= self.cfg["vocab_size"] or int(ids.min()) < 0:
+            raise ValueError(f"token ids must lie in [0, {self.cfg['vocab_size']})")
+        return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
+
+    def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
+        device = self.embed.weight.device
+        return {"input_ids": torch.cat([i.input_ids for i in inputs]).to(device)}
+
+    def forward_batched(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, input_ids: torch.Tensor) -> BatchedModelOutput:
+        hidden = self.hidden_states(input_ids, engine_inputs)
+        last = hidden[engine_inputs.last_token_index.long()]
+        runner = engine_inputs.piecewise_runners.get("head")
+        out = runner({"hidden": last}) if runner is not None else self.sample_head({"hidden": last}, engine_inputs.sampler)
+        codes = torch.stack([out["token"], out["residual"]], dim=-1)
+        return BatchedModelOutput(row_outputs={"token": out["token"][:, None], "codes": codes[:, None, :]})
+
+    def hidden_states(self, input_ids: torch.Tensor, engine_inputs: ModelInputsFromEngine) -> torch.Tensor:
+        assert engine_inputs.positions is not None
+        cos, sin = rope(engine_inputs.positions, self.head_dim, self.cfg["rope_theta"])
+        x = self.embed(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, engine_inputs.attention, i)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(hidden))
+
+    def sample_head(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
+        """The region the piecewise runner may capture: head, main sample, aux sample."""
+        h = self.norm(static_inputs["hidden"])
+        token = sampler.sample(self.head(h)).tokens
+        residual = sampler.sample_aux(AUX_LABEL, self.aux_head(h + self.aux_embed(token))).tokens
+        return {"token": token, "residual": residual}
+
+    def check_stop_batched(self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput) -> BatchedStopCheck:
+        tokens = outputs.row_outputs["token"][:, 0].tolist()
+        checks = {}
+        for rid, info, tok in zip(request_ids, infos, tokens, strict=True):
+            params = info.sampling
+            assert params is not None
+            if (tok == self.eos_token_id and not params.ignore_eos) or tok in params.stop_token_ids:
+                checks[rid] = StopCheck(frozenset({STOP_ALL}), ("token", "codes"), "stop")
+            elif info.num_generated + 1 >= params.max_tokens:
+                checks[rid] = StopCheck(frozenset({STOP_ALL}), (), "length")
+        return BatchedStopCheck(checks)

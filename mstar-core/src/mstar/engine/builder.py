@@ -1,0 +1,105 @@
+"""Building an ``EngineCore`` from a loaded model plugin and a checkpoint directory."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mstar.engine.core import EngineCore, SchedulerConfig
+from mstar.engine.executors import LoadedNode
+from mstar.engine.piecewise import PiecewiseRunner
+from mstar.graph import EngineKind, GraphSpec
+from mstar.model.spec import ModelConfig, ModelSpec, NodeSamplers
+from mstar.model.submodule_base import ARNodeSubmodule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    device: str = "cpu"
+    kv_budget_bytes: int = 256 << 20  # shared by the KV nodes placed in this engine
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    chunked_prefill: bool = True
+    mixed_batches: bool = True
+    piecewise_graphs: bool = True
+    attention_backend: str | None = None  # "torch" / "flashinfer"; None picks by device
+    nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all
+
+    def scheduler(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            chunked_prefill=self.chunked_prefill,
+            mixed_batches=self.mixed_batches,
+        )
+
+
+@dataclass
+class BuiltModel:
+    spec: ModelSpec
+    config: ModelConfig
+    graph: GraphSpec
+    node_samplers: dict[str, NodeSamplers]
+    core: EngineCore
+
+
+def build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineConfig) -> BuiltModel:
+    """``loaded`` is a ``mstar.plugins.loading.LoadedModel`` (spec + hook relay)."""
+    from mstar.attention import create_backend
+    from mstar.kv import KVCacheManager
+    from mstar.sampling import MultiSampler
+
+    spec: ModelSpec = loaded.spec
+    hook = loaded.hook
+    if checkpoint_dir is None:
+        raise ValueError("a checkpoint directory is required (write a tiny one for random weights)")
+    config = spec.load_config(checkpoint_dir)
+    graph = spec.build_graph(config)
+    graph.validate()
+    factories = hook.mstar_node_factories(config=config)
+    missing = set(graph.nodes) - set(factories)
+    if missing:
+        raise ValueError(f"model {spec.name!r} has no factory for node(s) {sorted(missing)}")
+    node_samplers: dict[str, NodeSamplers] = hook.mstar_node_samplers(config=config) or {}
+    mixed = hook.mstar_mixed_batch_configs(model_name=spec.name, config=config) or []
+    device = torch.device(engine_config.device)
+    placed = engine_config.nodes or tuple(graph.nodes)
+    kv_nodes = [n for n in placed if graph.nodes[n].kind is EngineKind.KV_CACHE]
+    nodes: dict[str, LoadedNode] = {}
+    for name in placed:
+        sub = factories[name](config, checkpoint_dir, str(device))
+        sub.eval()
+        node = LoadedNode(name, graph.nodes[name].kind, sub, device)
+        if node.kind is EngineKind.KV_CACHE:
+            if not isinstance(sub, ARNodeSubmodule):
+                raise TypeError(f"KV-cache node {name!r} must be an ARNodeSubmodule, got {type(sub).__name__}")
+            layout = sub.kv_cache_layout()
+            node.kv = KVCacheManager.from_memory_budget(
+                engine_config.kv_budget_bytes // len(kv_nodes),
+                num_layers=layout.num_layers,
+                num_kv_heads=layout.num_kv_heads,
+                head_dim=layout.head_dim,
+                block_size=engine_config.block_size,
+                dtype=layout.dtype,
+                device=device,
+            )
+            node.attention = create_backend(node.kv, engine_config.attention_backend)
+        decl = node_samplers.get(name)
+        if decl is not None:
+            defaults = {"main": decl.main, **decl.aux}
+            vocab = {"main": decl.vocab_size, **{k: decl.aux_vocab_sizes.get(k, decl.vocab_size) for k in decl.aux}}
+            node.sampler = MultiSampler(defaults, vocab, engine_config.max_num_seqs, device)
+            node.sampler_decl = decl
+        if engine_config.piecewise_graphs:
+            configs = hook.mstar_piecewise_graph_configs(model_name=spec.name, node=name, submodule=sub) or {}
+            node.piecewise = {label: PiecewiseRunner(cfg) for label, cfg in configs.items()}
+        nodes[name] = node
+    core = EngineCore(graph, nodes, engine_config.scheduler(), mixed)
+    return BuiltModel(spec, config, graph, node_samplers, core)

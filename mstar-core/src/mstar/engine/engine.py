@@ -1,0 +1,257 @@
+"""``mstar.Engine``: the in-process API (the server runs this same class).
+
+The step loop runs in one background thread; callers submit requests and read outputs
+from per-request queues, synchronously (``generate``) or with asyncio
+(``generate_async``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mstar.engine.builder import BuiltModel, EngineConfig, build_core
+from mstar.engine.request import Request, RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestHandle:
+    request_id: str
+    seeds: dict[str, int]  # sampling node -> the request's main seed (reported to the caller)
+    queue: Any = field(default=None, repr=False)
+
+
+@dataclass
+class CollectedOutput:
+    """All events of one request, gathered: values per signal in order."""
+
+    request_id: str
+    signals: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    error: str | None = None
+    seeds: dict[str, int] = field(default_factory=dict)
+
+    def cat(self, signal: str) -> torch.Tensor:
+        parts = [t.reshape(-1) if t.dim() == 0 else t for t in self.signals.get(signal, [])]
+        return torch.cat(parts) if parts else torch.empty(0)
+
+
+def random_weights_dir(model: str, loaded: Any, root: Path | None = None) -> Path:
+    """Write (once) the plugin's tiny random checkpoint in its real layout and return it."""
+    root = root or Path.home() / ".cache" / "mstar" / "random-weights"
+    path = root / model
+    if not (path / ".complete").exists():
+        path.mkdir(parents=True, exist_ok=True)
+        loaded.spec.write_tiny_checkpoint(path)
+        (path / ".complete").touch()
+    return path
+
+
+class Engine:
+    def __init__(self, built: BuiltModel, loaded: Any, checkpoint_dir: Path) -> None:
+        self.built = built
+        self.loaded = loaded
+        self.checkpoint_dir = checkpoint_dir
+        self.core = built.core
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queues: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.fatal_error: str | None = None
+
+    # ---- construction ---------------------------------------------------------------
+    @classmethod
+    def from_model(
+        cls,
+        model: str,
+        weights: str | Path | None = None,
+        random_weights: bool = False,
+        **engine_kwargs: Any,
+    ) -> Engine:
+        from mstar.plugins.loading import load_model
+
+        loaded = load_model(model)
+        if weights is None and not random_weights:
+            raise ValueError("give weights=<checkpoint dir> or random_weights=True")
+        ckpt = Path(weights) if weights is not None else random_weights_dir(loaded.spec.name, loaded)
+        if random_weights:
+            log.warning("model %s runs on RANDOM weights: its output is noise", loaded.spec.name)
+        config = EngineConfig(**engine_kwargs)
+        return cls(build_core(loaded, ckpt, config), loaded, ckpt)
+
+    @property
+    def model_name(self) -> str:
+        return self.built.spec.name
+
+    # ---- requests -------------------------------------------------------------------
+    def make_sampling(self, sampling: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Per sampling node: the plugin defaults overridden by the request's values, labels
+        validated, seeds resolved. ``sampling`` maps node -> {"main": {...}, "aux": {label:
+        {...}}} or a plain params dict for the main sampler; a single-sampler model also
+        accepts that directly."""
+        from mstar.sampling import MultiSamplingConfig
+
+        decls = self.built.node_samplers
+        sampling = dict(sampling or {})
+        if len(decls) == 1 and sampling and not set(sampling) & set(decls):
+            sampling = {next(iter(decls)): sampling}
+        unknown = set(sampling) - set(decls)
+        if unknown:
+            raise ValueError(f"sampling given for node(s) {sorted(unknown)} that do not sample; sampling nodes: {sorted(decls)}")
+        out: dict[str, Any] = {}
+        for node, decl in decls.items():
+            given = sampling.get(node)
+            if given is not None and not isinstance(given, MultiSamplingConfig):
+                given = dict(given)
+                if "main" not in given and "aux" not in given:
+                    given = {"main": given}
+            cfg = MultiSamplingConfig.with_defaults(decl.main, decl.aux, given)
+            out[node], _ = cfg.resolve_seeds()
+        return out
+
+    def add_request(
+        self,
+        inputs: Mapping[str, torch.Tensor],
+        sampling: Mapping[str, Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        _sink: Any = None,
+    ) -> RequestHandle:
+        if self.fatal_error:
+            raise RuntimeError(f"engine is down: {self.fatal_error}")
+        rid = request_id or uuid.uuid4().hex
+        missing = set(self.built.graph.request_inputs) - set(inputs)
+        if missing:
+            raise ValueError(f"missing request input(s) {sorted(missing)}")
+        configs = self.make_sampling(sampling)
+        req = Request(
+            id=rid,
+            inputs={k: torch.as_tensor(v) for k, v in inputs.items()},
+            kwargs=dict(kwargs or {}),
+            sampling=configs,
+            arrival=0,
+            priority=priority,
+        )
+        with self._lock:
+            if rid in self._queues:
+                raise ValueError(f"request id {rid!r} is already running")
+            sink = _sink if _sink is not None else queue.SimpleQueue()
+            self._queues[rid] = sink
+            self.core.add_request(req)
+        self._ensure_thread()
+        self._wake.set()
+        return RequestHandle(rid, {node: cfg.main.seed for node, cfg in configs.items()}, sink)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self.core.abort(request_id)
+        self._wake.set()
+
+    def generate(self, inputs: Mapping[str, torch.Tensor], sampling: Mapping[str, Any] | None = None, **kw: Any) -> Iterator[RequestOutput]:
+        handle = self.add_request(inputs, sampling, **kw)
+        q = handle.queue
+        while True:
+            out: RequestOutput = q.get()
+            yield out
+            if out.finished:
+                return
+
+    async def generate_async(
+        self, inputs: Mapping[str, torch.Tensor], sampling: Mapping[str, Any] | None = None, **kw: Any
+    ) -> AsyncIterator[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        aq: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        sink = _AsyncSink(loop, aq)
+        handle = self.add_request(inputs, sampling, _sink=sink, **kw)
+        try:
+            while True:
+                out = await aq.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not sink.finished:
+                self.abort(handle.request_id)
+
+    def run_batch(self, requests: list[dict[str, Any]]) -> list[CollectedOutput]:
+        """Submit all requests at once (each a dict of ``add_request`` arguments) and wait."""
+        handles = [self.add_request(**r) for r in requests]
+        results = []
+        for h in handles:
+            col = CollectedOutput(h.request_id, seeds=h.seeds)
+            q = h.queue
+            while True:
+                out: RequestOutput = q.get()
+                if out.signal is not None and out.data is not None:
+                    col.signals.setdefault(out.signal, []).append(out.data)
+                if out.finished:
+                    col.finish_reason, col.error = out.finish_reason, out.error
+                    break
+            results.append(col)
+        return results
+
+    # ---- the loop thread ------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="mstar-engine", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            with self._lock:
+                busy = self.core.has_work()
+                try:
+                    outputs = self.core.step() if busy else []
+                except Exception as exc:  # an engine bug: fail everything in flight, loudly
+                    log.exception("engine step failed")
+                    self.fatal_error = f"{type(exc).__name__}: {exc}"
+                    outputs = [RequestOutput(rid, finished=True, finish_reason="error", error=self.fatal_error) for rid in self._queues]
+                    self._closed = True
+                for out in outputs:
+                    q = self._queues.get(out.request_id)
+                    if q is not None:
+                        q.put(out)
+                    if out.finished:
+                        self._queues.pop(out.request_id, None)
+            if not busy:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _AsyncSink:
+    """Delivers outputs from the engine thread into an asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, aq: asyncio.Queue) -> None:
+        self.loop = loop
+        self.aq = aq
+        self.finished = False
+
+    def put(self, out: RequestOutput) -> None:
+        if out.finished:
+            self.finished = True
+        self.loop.call_soon_threadsafe(self.aq.put_nowait, out)
