@@ -1,0 +1,1 @@
+"""The ``mstar`` command line (``mstar.cli.main:main``)."""

@@ -1,0 +1,3 @@
+from mstar.cli.main import main
+
+main(prog_name="mstar")

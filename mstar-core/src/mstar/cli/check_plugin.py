@@ -1,0 +1,39 @@
+"""``mstar check-plugin NAME``: load a model plugin and run the conformance checks."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+_MARKS = {"pass": ("PASS", "green"), "fail": ("FAIL", "red"), "skip": ("SKIP", "yellow")}
+
+
+@click.command("check-plugin")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def check_plugin(name: str, as_json: bool) -> None:
+    """Check model plugin NAME (a name, an alias or a checkpoint directory).
+
+    Prints one line per check; exits 1 when any check fails.
+    """
+    from mstar.testing.conformance import run_conformance
+
+    report = run_conformance(name)
+    if as_json:
+        results = [{"check": r.name, "status": r.status, "detail": r.detail} for r in report.results]
+        click.echo(json.dumps({"model": report.model.name, "ok": report.ok, "results": results}, indent=2))
+    else:
+        click.echo(f"{report.model.name} ({report.model.distribution} {report.model.version})")
+        for r in report.results:
+            word, color = _MARKS[r.status]
+            detail = f": {r.detail}" if r.detail else ""
+            click.echo(f"{click.style(word, fg=color)}  {r.name}{detail}")
+    if not report.ok:
+        failed = ", ".join(r.name for r in report.failures)
+        raise click.ClickException(
+            f"{report.model.name} failed {len(report.failures)} of {len(report.results)} "
+            f"checks: {failed}"
+        )
+    if not as_json:
+        click.echo(f"{report.model.name}: all {len(report.results)} checks passed")

@@ -1,0 +1,1 @@
+"""Test helpers for M* and its plugins: the conformance kit (``mstar.testing.conformance``)."""
