@@ -1,0 +1,54 @@
+"""Counter-based randomness: a uniform draw that is a pure function of (seed, step).
+
+No torch.Generator and no global RNG state: a row's draw cannot depend on its
+batch position, the batch size or other requests, and the computation is a few
+elementwise int64 ops, so it is safe inside CUDA graphs and needs no host sync.
+
+The hash is SplitMix64 (Steele, Lea & Flood 2014). torch has no uint64 arithmetic,
+so we work in int64: addition and multiplication wrap modulo 2**64 exactly like
+unsigned arithmetic, and logical right shifts are emulated by masking off the
+sign bits that torch's arithmetic ``>>`` copies in.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _as_int64(v: int) -> int:
+    """Reinterpret an unsigned 64-bit constant as the int64 with the same bits."""
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+GOLDEN_GAMMA = _as_int64(0x9E3779B97F4A7C15)
+_MIX1 = _as_int64(0xBF58476D1CE4E5B9)
+_MIX2 = _as_int64(0x94D049BB133111EB)
+
+
+def _shr(x: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 bits by ``k`` (0 < k < 64)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(z: Tensor) -> Tensor:
+    """SplitMix64 finaliser: a bijective avalanche of the 64 bits of ``z``."""
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def random_bits(seed: Tensor, step: Tensor) -> Tensor:
+    """64 random bits (as int64) per element of broadcast(seed, step).
+
+    The seed is mixed once before use as the SplitMix64 state so that seeds that
+    differ by a multiple of the gamma do not yield shifted copies of one stream.
+    ``step`` t gives the (t+1)-th SplitMix64 output of that state.
+    """
+    key = mix64(seed.to(torch.int64))
+    return mix64(key + (step.to(torch.int64) + 1) * GOLDEN_GAMMA)
+
+
+def uniform(seed: Tensor, step: Tensor) -> Tensor:
+    """One float64 in [0, 1) per element, from the top 53 random bits."""
+    return _shr(random_bits(seed, step), 11).to(torch.float64) * (2.0**-53)

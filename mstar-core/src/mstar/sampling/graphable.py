@@ -1,0 +1,244 @@
+"""Graph-safe sampler: per-request state lives in static per-slot device buffers.
+
+``sample`` only gathers from fixed-address buffers by a slot-id tensor, runs the
+shared kernel and updates counters in place: no host sync, no per-row Python and
+no allocation that depends on values, so it can be captured in a CUDA graph once
+the host-side hints (see ``SamplingTensors``) and the lazily allocated history
+buffers are settled (pass ``preallocate_history=True`` before capturing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from mstar.sampling.kernel import sample_batch
+from mstar.sampling.params import SamplingParams
+from mstar.sampling.seeds import MAX_SEED
+from mstar.sampling.tensors import SampleOutput, SamplingTensors
+
+TokenIds = Sequence[int] | Tensor
+
+
+class CudaGraphableSampler:
+    """Same math as ``Sampler``; parameters are registered per slot, not passed per call.
+
+    The slot's step counter is both the index into its random stream and the number
+    of tokens generated (for min_tokens). History for penalties ([max_slots, V]
+    output counts and prompt mask) and min_tokens (stop mask) is allocated only
+    once a request needs it, since V can be ~150k.
+    """
+
+    def __init__(
+        self,
+        max_slots: int,
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        preallocate_history: bool = False,
+    ) -> None:
+        if max_slots < 1 or vocab_size < 1:
+            raise ValueError("max_slots and vocab_size must be >= 1")
+        self.max_slots = max_slots
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+
+        def buf(dtype: torch.dtype, fill: float | int = 0) -> Tensor:
+            return torch.full((max_slots,), fill, dtype=dtype, device=self.device)
+
+        self._temperature = buf(torch.float32, 1.0)
+        self._top_k = buf(torch.int64, -1)
+        self._top_p = buf(torch.float64, 1.0)
+        self._min_p = buf(torch.float64)
+        self._repetition_penalty = buf(torch.float32, 1.0)
+        self._presence_penalty = buf(torch.float32)
+        self._frequency_penalty = buf(torch.float32)
+        self._seed = buf(torch.int64)
+        self._step = buf(torch.int64)
+        self._min_tokens = buf(torch.int64)
+        self._logprobs = buf(torch.bool)
+        self._top_logprobs = buf(torch.int64)
+
+        self._counts: Tensor | None = None  # int32 [S, V]
+        self._prompt_mask: Tensor | None = None  # bool [S, V]
+        self._stop_mask: Tensor | None = None  # bool [S, V]
+        if preallocate_history:
+            self._ensure_penalty_buffers()
+            self._ensure_stop_buffer()
+
+        # Host mirror of registered params: answers "does anyone need X" without a sync.
+        self._active: dict[int, SamplingParams] = {}
+        self._needs_sort = False
+        self._max_top_logprobs = 0
+
+    # ---- registration (host side, once per request) ----
+
+    def add_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        seed: int,
+        prompt_ids: TokenIds = (),
+        stop_ids: TokenIds = (),
+    ) -> None:
+        """Register a request in ``slot`` and reset its step counter and history.
+
+        ``stop_ids`` are suppressed (with ``params.stop_token_ids``) until
+        ``params.min_tokens`` tokens were drawn; pass EOS ids here unless the
+        request ignores EOS (``SamplingParams.min_tokens_stop_ids`` does this).
+        """
+        self._check_slot(slot)
+        if slot in self._active:
+            raise ValueError(f"slot {slot} is already in use; remove_request it first")
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"seed must be in [0, {MAX_SEED}], got {seed}")
+
+        self._temperature[slot] = params.temperature
+        self._top_k[slot] = params.top_k
+        self._top_p[slot] = params.top_p
+        self._min_p[slot] = params.min_p
+        self._repetition_penalty[slot] = params.repetition_penalty
+        self._presence_penalty[slot] = params.presence_penalty
+        self._frequency_penalty[slot] = params.frequency_penalty
+        self._seed[slot] = seed
+        self._step[slot] = 0
+        self._min_tokens[slot] = params.min_tokens
+        self._logprobs[slot] = params.logprobs
+        self._top_logprobs[slot] = params.top_logprobs
+
+        if params.uses_penalties:
+            self._ensure_penalty_buffers()
+        if self._counts is not None and self._prompt_mask is not None:
+            # The slot may hold a previous request's history.
+            self._counts[slot].zero_()
+            self._prompt_mask[slot].zero_()
+            if params.uses_penalties:
+                self._prompt_mask[slot, self._ids_tensor(prompt_ids)] = True
+
+        stop = self._ids_tensor(stop_ids)
+        extra = self._ids_tensor(params.stop_token_ids)
+        if params.min_tokens > 0 and (stop.numel() > 0 or extra.numel() > 0):
+            self._ensure_stop_buffer()
+        if self._stop_mask is not None:
+            self._stop_mask[slot].zero_()
+            self._stop_mask[slot, stop] = True
+            self._stop_mask[slot, extra] = True
+
+        self._active[slot] = params
+        self._refresh_hints()
+
+    def remove_request(self, slot: int) -> None:
+        """Free ``slot``; its buffers are reset when the slot is reused."""
+        self._check_slot(slot)
+        if self._active.pop(slot, None) is None:
+            raise KeyError(f"slot {slot} has no request")
+        self._refresh_hints()
+
+    @property
+    def active_slots(self) -> frozenset[int]:
+        return frozenset(self._active)
+
+    @property
+    def step_counters(self) -> Tensor:
+        """int64 [max_slots]: draws taken so far per slot (read-only view for callers)."""
+        return self._step.clone()
+
+    @property
+    def output_counts(self) -> Tensor | None:
+        """int32 [max_slots, V] output token counts, None until penalties were needed."""
+        return None if self._counts is None else self._counts.clone()
+
+    # ---- per step (device side, no host sync) ----
+
+    def stage(self, slot_ids: Tensor) -> SamplingTensors:
+        """Gather the batch rows' parameters from the slot buffers."""
+        def g(buf: Tensor) -> Tensor:
+            return buf.index_select(0, slot_ids)
+
+        step = g(self._step)
+        return SamplingTensors(
+            temperature=g(self._temperature),
+            top_k=g(self._top_k),
+            top_p=g(self._top_p),
+            min_p=g(self._min_p),
+            repetition_penalty=g(self._repetition_penalty),
+            presence_penalty=g(self._presence_penalty),
+            frequency_penalty=g(self._frequency_penalty),
+            seed=g(self._seed),
+            step=step,
+            min_tokens=g(self._min_tokens),
+            num_generated=step,
+            logprobs=g(self._logprobs),
+            top_logprobs=g(self._top_logprobs),
+            needs_sort=self._needs_sort,
+            max_top_logprobs=self._max_top_logprobs,
+        )
+
+    def sample(
+        self, logits: Tensor, slot_ids: Tensor, advance: Tensor | None = None
+    ) -> SampleOutput:
+        """Draw one token per row; row i uses slot ``slot_ids[i]``.
+
+        Rows with ``advance`` True (default: all) then move to their next step
+        and have the token counted in their history. ``slot_ids`` must name
+        registered, distinct slots; that is not checked, as it would need a sync.
+        """
+        if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
+            raise ValueError(
+                f"logits must be [B, {self.vocab_size}], got {tuple(logits.shape)}"
+            )
+        slot_ids = slot_ids.to(device=self.device, dtype=torch.int64)
+        st = self.stage(slot_ids)
+        counts = prompt = stop = None
+        if self._counts is not None and self._prompt_mask is not None:
+            counts = self._counts.index_select(0, slot_ids)
+            prompt = self._prompt_mask.index_select(0, slot_ids)
+        if self._stop_mask is not None:
+            stop = self._stop_mask.index_select(0, slot_ids)
+        out = sample_batch(logits, st, counts, prompt, stop)
+        self.commit(slot_ids, out.tokens, advance)
+        return out
+
+    def commit(self, slot_ids: Tensor, tokens: Tensor, advance: Tensor | None = None) -> None:
+        """Advance step counters and count ``tokens`` for rows with ``advance`` True."""
+        if advance is None:
+            adv = torch.ones_like(slot_ids)
+        else:
+            adv = advance.to(device=self.device, dtype=torch.int64)
+        self._step.index_add_(0, slot_ids, adv)
+        if self._counts is not None:
+            self._counts.index_put_(
+                (slot_ids, tokens), adv.to(torch.int32), accumulate=True
+            )
+
+    # ---- internals ----
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_slots:
+            raise IndexError(f"slot {slot} out of range [0, {self.max_slots})")
+
+    def _ids_tensor(self, ids: TokenIds) -> Tensor:
+        t = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        if t.device.type == "cpu" and t.numel() > 0:
+            # Only host tensors are checked: checking device ones would sync.
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.vocab_size})")
+        return t.to(self.device)
+
+    def _ensure_penalty_buffers(self) -> None:
+        if self._counts is None:
+            shape = (self.max_slots, self.vocab_size)
+            self._counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self._prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+
+    def _ensure_stop_buffer(self) -> None:
+        if self._stop_mask is None:
+            shape = (self.max_slots, self.vocab_size)
+            self._stop_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+
+    def _refresh_hints(self) -> None:
+        params = self._active.values()
+        self._needs_sort = any(p.uses_top_k_or_p for p in params)
+        self._max_top_logprobs = max((p.top_logprobs for p in params), default=0)

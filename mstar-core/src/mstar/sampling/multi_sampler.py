@@ -1,0 +1,146 @@
+"""One graph-safe sampler per declared label, and the per-batch handle models use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mstar.sampling.graphable import CudaGraphableSampler, TokenIds
+from mstar.sampling.multi import (
+    MAIN_LABEL,
+    MultiSamplingConfig,
+    UnknownSamplerLabelError,
+    reject_default_seeds,
+)
+from mstar.sampling.params import SamplingParams
+from mstar.sampling.seeds import derive_seed
+from mstar.sampling.tensors import SampleOutput
+
+PerLabelIds = TokenIds | Mapping[str, TokenIds]
+
+
+class MultiSampler:
+    """Holds a ``CudaGraphableSampler`` for ``MAIN_LABEL`` and each declared aux label.
+
+    ``labels_defaults`` declares the label set (it must include ``MAIN_LABEL``) and the
+    plugin's default params per label; aux vocabularies may differ from main's.
+    """
+
+    def __init__(
+        self,
+        labels_defaults: Mapping[str, SamplingParams],
+        vocab_sizes: Mapping[str, int],
+        max_slots: int,
+        device: torch.device | str = "cpu",
+        preallocate_history: bool = False,
+    ) -> None:
+        if MAIN_LABEL not in labels_defaults:
+            raise ValueError(f"labels_defaults must include the main label {MAIN_LABEL!r}")
+        if set(vocab_sizes) != set(labels_defaults):
+            raise ValueError(
+                f"vocab_sizes labels {sorted(vocab_sizes)} != declared {sorted(labels_defaults)}"
+            )
+        reject_default_seeds(labels_defaults)
+        self.defaults = dict(labels_defaults)
+        self.aux_labels = frozenset(labels_defaults) - {MAIN_LABEL}
+        self.samplers = {
+            label: CudaGraphableSampler(max_slots, vocab_sizes[label], device, preallocate_history)
+            for label in labels_defaults
+        }
+
+    @property
+    def labels(self) -> frozenset[str]:
+        return frozenset(self.samplers)
+
+    def add_request(
+        self,
+        slot: int,
+        config: MultiSamplingConfig,
+        prompt_ids: PerLabelIds = (),
+        eos_ids: PerLabelIds = (),
+    ) -> None:
+        """Register ``config`` (seeds resolved) in ``slot`` for every declared label.
+
+        Labels the config leaves out use the plugin defaults; fields a config entry
+        did not set explicitly fall back to them too. Aux labels without their own
+        seed get one derived from the main seed. ``prompt_ids``/``eos_ids`` apply to
+        main, or are given per label as a mapping (aux vocabularies differ).
+        """
+        config.validate_labels(self.aux_labels)
+        seed = config.main.seed
+        if seed is None:
+            raise ValueError("config.main.seed is unset; call resolve_seeds() first")
+        added: list[str] = []
+        try:
+            for label, sampler in self.samplers.items():
+                own = config.main if label == MAIN_LABEL else config.aux.get(label)
+                params = self.defaults[label].override(own)
+                label_seed = seed if label == MAIN_LABEL else params.seed
+                if label_seed is None:
+                    label_seed = derive_seed(seed, label)
+                stop_ids = params.min_tokens_stop_ids(_for_label(eos_ids, label))
+                sampler.add_request(
+                    slot, params, label_seed, _for_label(prompt_ids, label), stop_ids
+                )
+                added.append(label)
+        except Exception:
+            # Leave no half-registered request behind.
+            for label in added:
+                self.samplers[label].remove_request(slot)
+            raise
+
+    def remove_request(self, slot: int) -> None:
+        for sampler in self.samplers.values():
+            sampler.remove_request(slot)
+
+    def sample(
+        self, logits: Tensor, slot_ids: Tensor, advance: Tensor | None = None
+    ) -> SampleOutput:
+        return self.samplers[MAIN_LABEL].sample(logits, slot_ids, advance)
+
+    def sample_aux(
+        self, label: str, logits: Tensor, slot_ids: Tensor, advance: Tensor | None = None
+    ) -> SampleOutput:
+        if label not in self.aux_labels:
+            raise UnknownSamplerLabelError([label], self.aux_labels)
+        return self.samplers[label].sample(logits, slot_ids, advance)
+
+    def bind(self, slot_ids: Tensor, advance: Tensor | None = None) -> BatchSampler:
+        """The batch's sampler handle, to pass into model forwards."""
+        return BatchSampler(self, slot_ids, advance)
+
+
+def _for_label(ids: PerLabelIds, label: str) -> TokenIds:
+    if isinstance(ids, Mapping):
+        return ids.get(label, ())
+    # Plain ids belong to the main vocabulary only.
+    return ids if label == MAIN_LABEL else ()
+
+
+@dataclass(frozen=True)
+class BatchSampler:
+    """A ``MultiSampler`` bound to one batch's slot ids and advance mask."""
+
+    sampler: MultiSampler
+    slot_ids: Tensor
+    advance: Tensor | None = None
+
+    @property
+    def labels(self) -> frozenset[str]:
+        return self.sampler.labels
+
+    def sample(self, logits: Tensor) -> SampleOutput:
+        return self.sampler.sample(logits, self.slot_ids, self.advance)
+
+    def sample_aux(self, label: str, logits: Tensor) -> SampleOutput:
+        return self.sampler.sample_aux(label, logits, self.slot_ids, self.advance)
+
+    def subset(self, rows: Tensor) -> BatchSampler:
+        """Handle for a subset of the batch (index or bool tensor over its rows)."""
+        advance = None if self.advance is None else self.advance[rows]
+        return BatchSampler(self.sampler, self.slot_ids[rows], advance)
+
+
