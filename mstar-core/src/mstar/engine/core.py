@@ -96,14 +96,41 @@ class EngineCore:
             w: {o for st in iter_steps(walk.body) for o in st.outputs} for w, walk in graph.walks.items()
         }
         self._free_slots = list(range(self.config.max_num_seqs))
+        # Partitions run here only when all their nodes are placed here; streams from or
+        # into other partitions cross processes through push_stream / stream events.
+        self.local_partitions = tuple(
+            p for p in graph.partitions
+            if all(s.node in nodes for w in graph.walks.values() if w.partition == p for s in iter_steps(w.body))
+        )
+        self._remote_consumers = {
+            name for name, s in graph.stream_edges().items()
+            if s.stream and s.stream.into_partition not in self.local_partitions
+        }
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         req.arrival = next(self._arrivals)
+        for name, sig in self.graph.stream_edges().items():
+            assert sig.stream is not None
+            req.streams[name] = StreamBuffer(sig.stream.policy)
         self.waiting.append(req)
 
+    def _find(self, request_id: str) -> Request | None:
+        return self.running.get(request_id) or next((r for r in self.waiting if r.id == request_id), None)
+
+    def push_stream(self, request_id: str, signal: str, value: torch.Tensor) -> None:
+        """An item of a stream produced in another process."""
+        req = self._find(request_id)
+        if req is not None:
+            req.streams[signal].append(value)
+
+    def close_stream(self, request_id: str, signal: str) -> None:
+        req = self._find(request_id)
+        if req is not None:
+            req.streams[signal].closed = True
+
     def abort(self, request_id: str) -> None:
-        req = self.running.get(request_id) or next((r for r in self.waiting if r.id == request_id), None)
+        req = self._find(request_id)
         if req is not None:
             req.aborted = True
 
@@ -140,9 +167,6 @@ class EngineCore:
         self.running[req.id] = req
         req.slots = {"__slot__": slot}
         req.signals = dict(req.inputs)
-        for name, sig in self.graph.stream_edges().items():
-            assert sig.stream is not None
-            req.streams[name] = StreamBuffer(sig.stream.policy)
         for node_name, node in self.nodes.items():
             if node.sampler is None:
                 continue
@@ -153,7 +177,7 @@ class EngineCore:
                 prompt = req.inputs[node.sampler_decl.prompt_signal].reshape(-1).tolist()
             node.sampler.add_request(slot, cfg, prompt or (), list(node.sampler_decl.stop_token_ids))
             req.slots[node_name] = slot
-        for partition in self.graph.partitions:
+        for partition in self.local_partitions:
             req.cursors[partition] = WalkCursor(
                 self.graph, partition, req.kwargs, lambda s, r=req: r.streams[s].drained
             )
@@ -389,7 +413,10 @@ class EngineCore:
         if sig.to_client:
             self._emit(RequestOutput(req.id, signal=name, data=value))
         if sig.stream is not None:
-            req.streams[name].append(value)
+            if name in self._remote_consumers:
+                self._emit(RequestOutput(req.id, signal=name, data=value, stream_item=True))
+            else:
+                req.streams[name].append(value)
 
     def _after_cursor_moved(self, req: Request, partition: str) -> None:
         cursor = req.cursors[partition]
@@ -412,8 +439,13 @@ class EngineCore:
 
     def _close_finished_streams(self, req: Request) -> None:
         for stream, producers in self._stream_producers.items():
+            buf = req.streams[stream]
+            if buf.closed or not producers <= req.cursors.keys():
+                continue  # already closed, or produced in another process
             if all(req.cursors[p].done for p in producers):
-                req.streams[stream].closed = True
+                buf.closed = True
+                if stream in self._remote_consumers:
+                    self._emit(RequestOutput(req.id, signal=stream, stream_closed=True))
 
     def _find_stream_producers(self) -> dict[str, set[str]]:
         producers: dict[str, set[str]] = {}

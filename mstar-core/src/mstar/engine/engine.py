@@ -155,6 +155,17 @@ class Engine:
         self._wake.set()
         return RequestHandle(rid, {node: cfg.main.seed for node, cfg in configs.items()}, sink)
 
+    def push_stream(self, request_id: str, signal: str, value: torch.Tensor) -> None:
+        """Feed an item of a stream produced by another engine process."""
+        with self._lock:
+            self.core.push_stream(request_id, signal, value)
+        self._wake.set()
+
+    def close_stream(self, request_id: str, signal: str) -> None:
+        with self._lock:
+            self.core.close_stream(request_id, signal)
+        self._wake.set()
+
     def abort(self, request_id: str) -> None:
         with self._lock:
             self.core.abort(request_id)
@@ -195,7 +206,7 @@ class Engine:
             q = h.queue
             while True:
                 out: RequestOutput = q.get()
-                if out.signal is not None and out.data is not None:
+                if out.signal is not None and out.data is not None and not out.stream_item:
                     col.signals.setdefault(out.signal, []).append(out.data)
                 if out.finished:
                     col.finish_reason, col.error = out.finish_reason, out.error

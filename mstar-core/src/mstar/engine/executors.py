@@ -96,17 +96,15 @@ class NodeExecutor:
             out = BatchedModelOutput()
             forward_out = sub.forward_batched(walk, engine_inputs, **kwargs)
             out = forward_out if isinstance(forward_out, BatchedModelOutput) else BatchedModelOutput(per_rid_outputs=forward_out)
+        idx = {r.req.id: i for i, r in enumerate(rows)}
         done = [r for r in rows if r.completes]
         if done:
-            infos = [r.prepared.info for r in done]
-            idx = {r.req.id: i for i, r in enumerate(rows)}
-            if len(done) == len(rows):
-                batched = sub.check_stop_batched([r.req.id for r in rows], infos, out)
-                if batched is not None:
-                    for r in rows:
-                        r.stop_check = batched.checks.get(r.req.id, StopCheck())
-        else:
-            idx = {r.req.id: i for i, r in enumerate(rows)}
+            # The stop check sees only the rows whose step completed this forward.
+            view = out if len(done) == len(rows) else out.select([idx[r.req.id] for r in done])
+            batched = sub.check_stop_batched([r.req.id for r in done], [r.prepared.info for r in done], view)
+            if batched is not None:
+                for r in done:
+                    r.stop_check = batched.checks.get(r.req.id, StopCheck())
         return {r.req.id: out.for_row(idx[r.req.id], r.req.id) for r in rows}
 
     def _engine_inputs(self, rows: list[Row]) -> ModelInputsFromEngine:

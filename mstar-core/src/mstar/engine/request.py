@@ -35,6 +35,8 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    stream_item: bool = False  # an item of a stream consumed in another engine process
+    stream_closed: bool = False  # that stream ended
 
 
 @dataclass

@@ -144,6 +144,14 @@ class BatchedModelOutput:
     row_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     per_rid_outputs: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
+    def select(self, rows: list[int]) -> BatchedModelOutput:
+        """The outputs of a subset of rows, in the given order."""
+        index = torch.tensor(rows, dtype=torch.long)
+        return BatchedModelOutput(
+            {k: v.index_select(0, index.to(v.device)) for k, v in self.row_outputs.items()},
+            self.per_rid_outputs,
+        )
+
     def for_row(self, i: int, request_id: str) -> dict[str, torch.Tensor]:
         out = {k: v[i] for k, v in self.row_outputs.items()}
         out.update(self.per_rid_outputs.get(request_id, {}))
