@@ -93,6 +93,9 @@ class CudaGraphableSampler:
             raise ValueError(f"slot {slot} is already in use; remove_request it first")
         if not 0 <= seed <= MAX_SEED:
             raise ValueError(f"seed must be in [0, {MAX_SEED}], got {seed}")
+        # Validate everything before touching any buffer.
+        prompt = self._ids_tensor(prompt_ids)
+        stop = torch.cat([self._ids_tensor(stop_ids), self._ids_tensor(params.stop_token_ids)])
 
         self._temperature[slot] = params.temperature
         self._top_k[slot] = params.top_k
@@ -114,16 +117,13 @@ class CudaGraphableSampler:
             self._counts[slot].zero_()
             self._prompt_mask[slot].zero_()
             if params.uses_penalties:
-                self._prompt_mask[slot, self._ids_tensor(prompt_ids)] = True
+                self._prompt_mask[slot, prompt] = True
 
-        stop = self._ids_tensor(stop_ids)
-        extra = self._ids_tensor(params.stop_token_ids)
-        if params.min_tokens > 0 and (stop.numel() > 0 or extra.numel() > 0):
+        if params.min_tokens > 0 and stop.numel() > 0:
             self._ensure_stop_buffer()
         if self._stop_mask is not None:
             self._stop_mask[slot].zero_()
             self._stop_mask[slot, stop] = True
-            self._stop_mask[slot, extra] = True
 
         self._active[slot] = params
         self._refresh_hints()
