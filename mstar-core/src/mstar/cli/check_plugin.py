@@ -30,10 +30,9 @@ def check_plugin(name: str, as_json: bool) -> None:
             detail = f": {r.detail}" if r.detail else ""
             click.echo(f"{click.style(word, fg=color)}  {r.name}{detail}")
     if not report.ok:
-        failed = ", ".join(r.name for r in report.failures)
-        raise click.ClickException(
-            f"{report.model.name} failed {len(report.failures)} of {len(report.results)} "
-            f"checks: {failed}"
-        )
+        # The first failure is usually the root cause (later checks are skipped after it).
+        first, *others = report.failures
+        more = f" (and {len(others)} more failed check(s))" if others else ""
+        raise click.ClickException(f"{report.model.name}: {first.name}: {first.detail}{more}")
     if not as_json:
         click.echo(f"{report.model.name}: all {len(report.results)} checks passed")

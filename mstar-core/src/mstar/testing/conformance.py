@@ -84,21 +84,27 @@ class ConformanceContext:
         if key in self._cache:
             value = self._cache[key]
             if isinstance(value, _Failed):
-                raise CheckSkipped(f"needs the {key}, which failed")
+                raise CheckSkipped(value.reason)
             return value
         try:
             self._cache[key] = compute()
+        except CheckSkipped as exc:
+            self._cache[key] = _Failed(str(exc))  # skipped for the same reason, later too
+            raise
         except Exception:
-            self._cache[key] = _Failed()
+            self._cache[key] = _Failed(f"needs the {key}, which failed")
             raise
         return self._cache[key]
 
     @property
     def loaded(self) -> LoadedModel:
-        try:
-            return self.once("plugin", self.loader.load)
-        except StepSkippedError:
-            raise CheckSkipped("the plugin did not load") from None
+        def load() -> LoadedModel:
+            try:
+                return self.loader.load()
+            except StepSkippedError:
+                raise CheckSkipped("the plugin did not load") from None
+
+        return self.once("plugin", load)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -119,8 +125,11 @@ class ConformanceContext:
         return path
 
 
+@dataclass(frozen=True)
 class _Failed:
-    """Marks a cached piece whose computation raised."""
+    """Marks a cached piece whose computation raised; ``reason`` is why later users skip."""
+
+    reason: str
 
 
 def run_conformance(
