@@ -1,0 +1,107 @@
+"""Engine overhead: toy LM decode tokens/s through ``mstar.Engine`` vs a bare loop over the
+same modules with a preallocated contiguous KV cache, at batch 1, 8 and 32, in one run.
+
+    .venv/bin/python benchmarks/engine_overhead.py [--layers 8 --hidden 512 --tokens 64]
+
+Prints a table; the ratio is engine / bare (1.0 = no overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from mstar import Engine
+from mstar.model.submodule_base import ModelInputsFromEngine
+from mstar_toy.checkpoint import load_weights, write_checkpoint
+from mstar_toy.config import load_config
+from mstar_toy.lm import ToyLM
+
+
+class ContiguousCache:
+    """The bare loop's attention: a [B, max_len, Hkv, D] cache per layer, SDPA over a prefix."""
+
+    def __init__(self, layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int) -> None:
+        self.k = torch.zeros(layers, batch, max_len, kv_heads, head_dim)
+        self.v = torch.zeros_like(self.k)
+        self.start = 0
+        self.length = 0
+
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) -> torch.Tensor:
+        b = self.k.shape[1]
+        t = q.shape[0] // b
+        end = self.start + t
+        self.k[layer, :, self.start : end] = k.view(b, t, *k.shape[1:])
+        self.v[layer, :, self.start : end] = v.view(b, t, *v.shape[1:])
+        qq = q.view(b, t, *q.shape[1:]).transpose(1, 2)
+        kk = self.k[layer, :, :end].transpose(1, 2)
+        vv = self.v[layer, :, :end].transpose(1, 2)
+        out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=t > 1, enable_gqa=True)
+        return out.transpose(1, 2).reshape(b * t, *q.shape[1:])
+
+
+def bare_loop(lm: ToyLM, prompt_len: int, batch: int, tokens: int) -> float:
+    cfg = lm.cfg
+    cache = ContiguousCache(cfg["num_hidden_layers"], batch, prompt_len + tokens + 1, cfg["num_key_value_heads"], lm.head_dim)
+    ids = torch.randint(0, 256, (batch, prompt_len))
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for step in range(tokens):
+            t = ids.shape[1]
+            pos = torch.arange(cache.start, cache.start + t).repeat(batch)
+            ei = ModelInputsFromEngine([], {}, attention=cache, positions=pos)
+            h = lm.hidden_states(ids.reshape(-1), ei).view(batch, t, -1)[:, -1]
+            h = lm.norm(h)
+            tok = lm.head(h).argmax(-1)
+            lm.aux_head(h + lm.aux_embed(tok)).argmax(-1)
+            cache.start += t
+            ids = tok[:, None]
+    return batch * tokens / (time.perf_counter() - start)
+
+
+def engine_run(engine: Engine, prompt_len: int, batch: int, tokens: int) -> float:
+    sampling = {"main": {"temperature": 0, "max_tokens": tokens, "ignore_eos": True}, "aux": {"residual": {"temperature": 0}}}
+    reqs = [{"inputs": {"prompt_ids": torch.randint(0, 256, (prompt_len,))}, "sampling": sampling} for _ in range(batch)]
+    start = time.perf_counter()
+    res = engine.run_batch(reqs)
+    elapsed = time.perf_counter() - start
+    assert all(r.error is None and len(r.cat("token")) == tokens for r in res)
+    return batch * tokens / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--batches", default="1,8,32")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = write_checkpoint(
+            Path(d), hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
+            num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
+        )
+        lm = ToyLM(load_config(ckpt))
+        load_weights(lm, ckpt, "lm.")
+        lm.eval()
+        engine = Engine.from_model("toy", weights=ckpt, kv_budget_bytes=1 << 30, max_num_seqs=64)
+        engine_run(engine, args.prompt, 2, 4)  # warm-up
+        bare_loop(lm, args.prompt, 2, 4)
+        print(f"toy LM: {args.layers} layers, hidden {args.hidden}, prompt {args.prompt}, {args.tokens} new tokens, torch threads {torch.get_num_threads()}")
+        print(f"{'batch':>5} | {'bare tok/s':>10} | {'engine tok/s':>12} | {'engine/bare':>11}")
+        for b in (int(x) for x in args.batches.split(",")):
+            bare = bare_loop(lm, args.prompt, b, args.tokens)
+            eng = engine_run(engine, args.prompt, b, args.tokens)
+            print(f"{b:>5} | {bare:>10.1f} | {eng:>12.1f} | {eng / bare:>11.2f}")
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
