@@ -48,6 +48,7 @@ class EngineStats:
     forwards_by_group: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     preemptions: int = 0
     last_batch_size: int = 0
+    walks_completed: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -395,6 +396,7 @@ class EngineCore:
         if not isinstance(check, StopCheck):
             check = StopCheck(frozenset(check))
         req.num_generated[node.name] = req.num_generated.get(node.name, 0) + 1
+        self.stats.walks_completed.add(row.walk)
         for name in row.step.outputs:
             if name in outputs and name not in check.withheld:
                 self._route(req, name, outputs[name])

@@ -23,7 +23,9 @@ class ModelSpec:
     ``build_graph(config)`` returns its walk graph; ``write_tiny_checkpoint(dir)`` writes a
     tiny random-weight checkpoint in the real layout (tests and ``--random-weights``).
     ``shipped_files`` are files the plugin ships and refers to (placement YAMLs, templates):
-    ``mstar check-plugin`` fails when one is missing.
+    ``mstar check-plugin`` fails when one is missing. ``example_requests(config)`` returns
+    requests (``Engine.add_request`` keyword dicts) that together run every walk once on
+    the tiny config; the conformance kit runs them through the real engine.
     """
 
     name: str
@@ -35,6 +37,7 @@ class ModelSpec:
     default_placement: Mapping[str, str] = field(default_factory=dict)
     shipped_files: tuple[Path, ...] = ()
     max_model_len: Callable[[ModelConfig], int] | None = None
+    example_requests: Callable[[ModelConfig], list[dict[str, Any]]] | None = None
 
 
 NodeFactory = Callable[[ModelConfig, Path | None, str], "NodeSubmodule"]
