@@ -139,7 +139,10 @@ class BatchSampler:
         return self.sampler.sample_aux(label, logits, self.slot_ids, self.advance)
 
     def subset(self, rows: Tensor) -> BatchSampler:
-        """Handle for a subset of the batch (index or bool tensor over its rows)."""
+        """Handle for a subset of the batch (index or bool tensor over its rows).
+
+        Prefer an index tensor inside captured regions: bool-mask indexing syncs.
+        """
         advance = None if self.advance is None else self.advance[rows]
         return BatchSampler(self.sampler, self.slot_ids[rows], advance)
 
