@@ -17,6 +17,7 @@ from mstar.plugins.errors import PluginError
 SUBCOMMANDS: dict[str, str] = {
     "models": "mstar.cli.models:models",
     "check-plugin": "mstar.cli.check_plugin:check_plugin",
+    "serve": "mstar.cli.serve:serve",
 }
 
 

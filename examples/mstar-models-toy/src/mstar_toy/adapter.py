@@ -1,0 +1,59 @@
+"""The toy's API adapter: chat and speech over its byte-level LM and toy decoder."""
+
+from __future__ import annotations
+
+import codecs
+from typing import Any
+
+import torch
+from mstar.api import CHAT, SPEECH, ApiAdapter, EngineRequest, TextDecoder
+from mstar.api.protocol import ChatCompletionRequest, SpeechRequest
+
+from mstar_toy.config import BYTE_VOCAB, encode_text
+
+
+class ByteTextDecoder(TextDecoder):
+    """Token ids < 256 are UTF-8 bytes; specials (BOS/EOS/PAD) print nothing."""
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def decode(self, value: torch.Tensor) -> str:
+        ids = [i for i in value.reshape(-1).tolist() if 0 <= i < BYTE_VOCAB]
+        return self._utf8.decode(bytes(ids))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class ToyApiAdapter(ApiAdapter):
+    endpoints = frozenset({CHAT, SPEECH})
+    text_signal = "token"
+    audio_signal = "audio"
+    sampling_node = "lm"
+    chat_audio = True
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.bos_token_id = int(config["bos_token_id"])
+        self.sample_rate = int(config["sample_rate"])
+        self.max_len = int(config["max_position_embeddings"])
+
+    def _prompt(self, text: str) -> EngineRequest:
+        ids = encode_text(text, self.bos_token_id)
+        if len(ids) >= self.max_len:
+            raise ValueError(f"the prompt is {len(ids)} tokens; this model holds at most {self.max_len - 1}")
+        return EngineRequest({"prompt_ids": torch.tensor(ids, dtype=torch.long)}, prompt_tokens=len(ids))
+
+    def chat_inputs(self, request: ChatCompletionRequest) -> EngineRequest:
+        for i, m in enumerate(request.messages):
+            if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
+                raise ValueError(f"messages[{i}]: the toy model reads text parts only")
+        # A plain transcript: the toy has no chat template.
+        text = "".join(f"{m.role}: {m.text()}\n" for m in request.messages) + "assistant:"
+        return self._prompt(text)
+
+    def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
+        return self._prompt(request.input)
+
+    def text_decoder(self) -> TextDecoder:
+        return ByteTextDecoder()

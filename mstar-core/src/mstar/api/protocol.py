@@ -1,0 +1,172 @@
+"""Request and response bodies of the HTTP API (OpenAI-compatible plus M*'s native ones).
+
+Requests ignore fields they do not know (OpenAI clients send many optional ones); every
+field they do know is validated, and a wrong type or value is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_LENIENT = ConfigDict(extra="allow")
+_STRICT = ConfigDict(extra="forbid")
+
+
+class SamplingExtension(BaseModel):
+    """M*'s extension field ``sampling``: main-sampler fields and aux samplers by label.
+
+    Example: ``{"top_k": 20, "aux": {"residual": {"temperature": 0.7}}}``. Fields are
+    those of ``mstar.sampling.SamplingParams``; an unknown aux label is a 400.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    aux: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def main_fields(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+# ---- chat completions -----------------------------------------------------------------
+
+
+class ContentPart(BaseModel):
+    model_config = _LENIENT
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = _LENIENT
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text; non-text parts are the adapter's to handle or reject."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content if p.type == "text")
+
+
+class StreamOptions(BaseModel):
+    model_config = _LENIENT
+
+    include_usage: bool = False
+
+
+class AudioOutputOptions(BaseModel):
+    model_config = _LENIENT
+
+    voice: str | None = None
+    format: Literal["wav", "pcm16", "flac", "pcm"] = "wav"
+
+
+class _SamplingFields(BaseModel):
+    """OpenAI's sampling fields plus vLLM-style extensions; ranges are checked by
+    ``mstar.sampling.SamplingParams`` so every endpoint reports them alike."""
+
+    model_config = _LENIENT
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    sampling: SamplingExtension | None = None
+
+    @field_validator("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty", "seed", "min_tokens", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("expected a number, got a boolean")
+        return v
+
+
+class ChatCompletionRequest(_SamplingFields):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    n: int = 1
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOutputOptions | None = None
+    user: str | None = None
+
+    @property
+    def wants_audio(self) -> bool:
+        return bool(self.modalities and "audio" in self.modalities)
+
+
+class SpeechRequest(_SamplingFields):
+    model: str
+    input: str = Field(min_length=1)
+    voice: str | None = None
+    instructions: str | None = None
+    response_format: Literal["wav", "pcm", "flac"] = "wav"
+    speed: float = Field(1.0, gt=0.0)
+    stream_format: Literal["audio", "sse"] | None = None
+    max_tokens: int | None = None
+
+
+class TensorJSON(BaseModel):
+    """A tensor in JSON: ``data`` is base64 of its raw little-endian bytes."""
+
+    model_config = _STRICT
+
+    dtype: str
+    shape: list[int]
+    data: str
+
+
+class GenerateRequest(BaseModel):
+    """``POST /v1/generate``: engine inputs by name, as nested lists or ``TensorJSON``."""
+
+    model_config = _STRICT
+
+    model: str
+    inputs: dict[str, TensorJSON | list[Any] | int | float]
+    sampling: dict[str, Any] | None = None
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    signals: list[str] | None = None  # which output signals to return (default: all)
+    stream: bool = False
+    output_format: Literal["base64", "safetensors"] = "base64"
+
+
+# ---- responses --------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "mstar"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

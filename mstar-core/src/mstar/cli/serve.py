@@ -1,0 +1,58 @@
+"""``mstar serve``: the OpenAI-compatible server (API process + engine processes)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("serve")
+@click.option("--model", required=True, help="Model name, alias or checkpoint directory.")
+@click.option("--weights", type=click.Path(exists=True, file_okay=False), default=None, help="Checkpoint directory.")
+@click.option("--random-weights", is_flag=True, help="Serve the plugin's tiny random checkpoint (output is noise).")
+@click.option("--config", "placement", type=click.Path(exists=True, dir_okay=False), default=None, help="Placement YAML: nodes per device group.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--api-key", default=None, envvar="MSTAR_API_KEY", help="Require 'Authorization: Bearer KEY' (env MSTAR_API_KEY).")
+@click.option("--max-concurrency", default=64, show_default=True, type=click.IntRange(min=1), help="Requests running at once; more wait in a queue.")
+@click.option("--max-queue", default=512, show_default=True, type=click.IntRange(min=0), help="Requests waiting beyond --max-concurrency; more get 429.")
+@click.option("--request-timeout", default=600.0, show_default=True, type=float, help="Seconds before a request is aborted (0: none).")
+@click.option("--max-body-bytes", default=32 << 20, show_default=True, type=int, help="Larger request bodies get 413.")
+@click.option("--preprocess-workers", default=None, type=click.IntRange(min=0), help="Preprocess pool size (0: preprocess inline).")
+@click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE", help="An EngineConfig field, e.g. kv_budget_bytes=67108864 (repeatable).")
+@click.option("--shm-threshold", default=None, type=int, hidden=True, help="Tensors of at least this many bytes go through shared memory.")
+@click.option("--device", default="cpu", show_default=True, help="Device of the default placement's groups.")
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(model: str, weights: str | None, random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
+          max_concurrency: int, max_queue: int, request_timeout: float, max_body_bytes: int, preprocess_workers: int | None,
+          engine_options: tuple[str, ...], shm_threshold: int | None, device: str, log_level: str) -> None:
+    """Serve MODEL over HTTP with an OpenAI-compatible API."""
+    from mstar.server.config import ServerConfig
+    from mstar.server.launcher import run_server
+
+    config = ServerConfig(
+        model=model, weights=weights, random_weights=random_weights, placement=placement, host=host, port=port,
+        api_key=api_key, max_concurrency=max_concurrency, max_queue=max_queue, request_timeout_s=request_timeout,
+        max_body_bytes=max_body_bytes, log_level=log_level, device=device, engine_options=_parse_options(engine_options),
+    )
+    if preprocess_workers is not None:
+        config.preprocess_workers = preprocess_workers
+    if shm_threshold is not None:
+        config.shm_threshold = shm_threshold
+    if not weights and not random_weights:
+        raise click.UsageError("give --weights DIR (a checkpoint directory) or --random-weights")
+    raise SystemExit(run_server(config))
+
+
+def _parse_options(items: tuple[str, ...]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--engine-option")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out

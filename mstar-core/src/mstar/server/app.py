@@ -1,0 +1,116 @@
+"""The FastAPI application of the API process."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from mstar import __version__
+from mstar.api.errors import ApiError, error_body, validation_error
+from mstar.api.protocol import (
+    ChatCompletionRequest,
+    GenerateRequest,
+    ModelCard,
+    ModelList,
+    SpeechRequest,
+)
+from mstar.server.middleware import ApiKeyAuth, BodyLimit, RequestMetrics
+from mstar.server.routes_chat import chat_completions
+from mstar.server.routes_generate import generate
+from mstar.server.routes_speech import speech
+from mstar.server.runtime import ServerRuntime
+
+ENDPOINTS = {
+    "/v1/models", "/v1/chat/completions", "/v1/audio/speech", "/v1/generate", "/health", "/metrics", "/version",
+}
+
+
+def create_app(rt: ServerRuntime, *, manage_runtime: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # noqa: ANN202
+        if manage_runtime:
+            await rt.start()  # engines ready and warm before uvicorn binds the port
+        try:
+            yield
+        finally:
+            if manage_runtime:
+                await rt.stop()
+
+    app = FastAPI(title="M* server", version=__version__, lifespan=lifespan)
+    _routes(app, rt)
+    _error_handlers(app)
+    # Outermost last: metrics see every response, auth runs before the body is read.
+    app.add_middleware(BodyLimit, max_bytes=rt.config.max_body_bytes)
+    app.add_middleware(ApiKeyAuth, api_key=rt.config.api_key)
+    app.add_middleware(RequestMetrics, metrics=rt.metrics, endpoints=ENDPOINTS)
+    return app
+
+
+def _routes(app: FastAPI, rt: ServerRuntime) -> None:
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return ModelList(data=[ModelCard(id=rt.model_name, created=rt.created)]).model_dump()
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str) -> dict[str, Any]:
+        rt.check_model(model_id)
+        return ModelCard(id=rt.model_name, created=rt.created).model_dump()
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest) -> Response:
+        return await chat_completions(rt, body)
+
+    @app.post("/v1/audio/speech")
+    async def audio_speech(body: SpeechRequest) -> Response:
+        return await speech(rt, body)
+
+    @app.post("/v1/generate")
+    async def native_generate(body: GenerateRequest) -> Response:
+        return await generate(rt, body)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return JSONResponse(rt.health(), status_code=200 if rt.healthy else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "model": rt.model_name,
+            "plugin": rt.loaded.installed.distribution,
+            "endpoints": sorted(e for e in ("chat", "speech", "generate") if rt.adapter.serves(e)),
+        }
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> Response:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> Response:
+        err = validation_error(list(exc.errors()))
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"no endpoint {request.method} {request.url.path}; see GET /v1/models and the API docs at /docs"
+            return JSONResponse(error_body(message, "not_found_error", None, "unknown_endpoint"), status_code=404)
+        code = {405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(error_body(str(exc.detail), kind, None, code), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)

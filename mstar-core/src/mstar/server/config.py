@@ -1,0 +1,30 @@
+"""Settings of one ``mstar serve`` instance."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from mstar.server.tensor_codec import DEFAULT_SHM_THRESHOLD
+
+
+@dataclass
+class ServerConfig:
+    model: str
+    weights: str | None = None
+    random_weights: bool = False
+    placement: str | None = None  # path of a placement YAML
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_concurrency: int = 64
+    max_queue: int = 512
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 32 << 20
+    log_level: str = "info"
+    device: str = "cpu"
+    preprocess_workers: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) // 2)))
+    shm_threshold: int = DEFAULT_SHM_THRESHOLD
+    engine_options: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
+    startup_timeout_s: float = 600.0

@@ -1,0 +1,111 @@
+"""One request's life in the API process: sampling, admission, preprocessing, submission,
+outputs, timeout and clean-up (abort if unfinished, free the admission slot)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mstar.api.adapter import EngineRequest
+from mstar.api.errors import ApiError
+from mstar.api.sampling import RequestSampling, resolve_sampling
+from mstar.server.router import Finished, RequestStream
+
+if TYPE_CHECKING:
+    from mstar.server.runtime import ServerRuntime
+
+Item = tuple[str, torch.Tensor]
+
+
+class Execution:
+    def __init__(self, runtime: ServerRuntime, endpoint: str, prefix: str = "req") -> None:
+        self.rt = runtime
+        self.endpoint = endpoint
+        self.request_id = f"{prefix}-{uuid.uuid4().hex}"
+        self.arrival = time.perf_counter()
+        self.engine_request: EngineRequest | None = None
+        self.seeds: dict[str, int] = {}
+        self.finish_reason: str | None = None
+        self._stream: RequestStream | None = None
+        self._admitted = False
+        self._closed = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def seed(self) -> int | None:
+        """The seed reported to clients: the one of the node OpenAI sampling fields drive."""
+        node = self.rt.adapter.sampling_node or next(iter(self.seeds), None)
+        return self.seeds.get(node) if node else None
+
+    async def start(self, request: Any, sampling: RequestSampling | dict[str, Any] | None, signals: list[str] | None) -> None:
+        """Everything up to the request running in the engines; raises ``ApiError``."""
+        try:
+            configs, self.seeds = resolve_sampling(self.rt.node_samplers, self.rt.adapter.sampling_node, sampling)
+            await self.rt.admission.acquire()
+            self._admitted = True
+            self.engine_request = await self.rt.preprocess.run(self.endpoint, request)
+            inputs = {k: torch.as_tensor(v) for k, v in self.engine_request.inputs.items()}
+            missing = set(self.rt.graph.request_inputs) - set(inputs)
+            if missing:
+                raise ApiError(400, f"missing engine input(s) {sorted(missing)}", param="inputs")
+            if self._closed:  # the client left while we were preparing
+                raise ApiError(499, "client closed the request")
+            self._stream = self.rt.router.submit(self.request_id, inputs, configs, self.engine_request.kwargs, signals)
+            timeout = self.rt.config.request_timeout_s
+            if timeout:
+                self._timer = asyncio.get_running_loop().call_later(
+                    timeout, self.rt.router.fail, self.request_id,
+                    Finished("error", f"the request timed out after {timeout:g}s", 504),
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    async def batches(self) -> AsyncIterator[list[Item]]:
+        """Output items as they come, grouped by what arrived together; raises
+        ``ApiError`` when the request fails. Sets ``finish_reason`` at the end."""
+        assert self._stream is not None
+        while True:
+            items = await self._stream.next_batch()
+            values: list[Item] = []
+            for item in items:
+                if isinstance(item, Finished):
+                    if values:
+                        yield values
+                    self._finished(item)
+                    return
+                values.append(item)
+            yield values
+
+    def _finished(self, fin: Finished) -> None:
+        self.finish_reason = fin.reason
+        self._cancel_timer()
+        if fin.reason == "error":
+            raise ApiError(fin.status, fin.error or "the request failed in the engine", code="engine_error")
+
+    def stop(self) -> None:
+        """End the request early (e.g. a stop string matched); not an error."""
+        self.finish_reason = "stop"
+        self.close()
+
+    def close(self) -> None:
+        """Idempotent clean-up; aborts the request in the engines if it is still running."""
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel_timer()
+        if self._stream is not None and not self._stream.done:
+            self.rt.router.abort(self.request_id)
+        if self._admitted:
+            self._admitted = False
+            self.rt.admission.release()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

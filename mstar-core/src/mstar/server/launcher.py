@@ -1,0 +1,57 @@
+"""``mstar serve``: resolve the checkpoint, build the runtime, run uvicorn, clean up."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from mstar.server.config import ServerConfig
+
+log = logging.getLogger("mstar.server")
+
+RANDOM_WEIGHTS_BANNER = """
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!!  --random-weights: model {model!r} runs on RANDOM weights from {path}
+!!  Its output is NOISE. Use --weights DIR for a real checkpoint.
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+"""
+
+
+def resolve_checkpoint(config: ServerConfig) -> Path:
+    from mstar.engine.engine import random_weights_dir
+    from mstar.plugins.loading import load_model
+
+    if config.weights and config.random_weights:
+        raise ValueError("give either --weights DIR or --random-weights, not both")
+    if config.weights:
+        path = Path(config.weights)
+        if not path.is_dir():
+            raise ValueError(f"--weights {path}: no such directory")
+        return path
+    if not config.random_weights:
+        raise ValueError("give --weights DIR (a checkpoint directory) or --random-weights")
+    loaded = load_model(config.model)
+    path = random_weights_dir(loaded.spec.name, loaded)
+    banner = RANDOM_WEIGHTS_BANNER.format(model=loaded.spec.name, path=path)
+    log.warning(banner)
+    return path
+
+
+def run_server(config: ServerConfig) -> int:
+    import uvicorn
+
+    from mstar.server.app import create_app
+    from mstar.server.runtime import ServerRuntime
+
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    runtime = ServerRuntime(config, resolve_checkpoint(config))
+    app = create_app(runtime)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5, access_log=False)
+    )
+    try:
+        server.run()
+    finally:
+        runtime.close()  # no-op after a clean lifespan shutdown; the last resort otherwise
+    return 0 if runtime.started else 1

@@ -1,0 +1,116 @@
+"""ASGI middleware: request counting by status, API-key auth, and the body-size limit."""
+
+from __future__ import annotations
+
+import hmac
+
+import msgspec
+from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mstar.api.errors import ApiError
+from mstar.server.metrics import ServerMetrics
+
+_json = msgspec.json.Encoder()
+_OPEN_PATHS = ("/health", "/metrics", "/version", "/docs", "/openapi.json")
+
+
+async def send_error(send: Send, err: ApiError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = _json.encode(err.body())
+    await send({
+        "type": "http.response.start",
+        "status": err.status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(headers or [])],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestMetrics:
+    """Counts every HTTP response by endpoint and status (outermost, so it sees all)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics, endpoints: set[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.endpoints = endpoints
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        endpoint = path if path in self.endpoints else "other"
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+class ApiKeyAuth:
+    """``Authorization: Bearer <key>`` on every endpoint but health, metrics and version."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app = app
+        self.key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.key is None or scope["path"] in _OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        if not header:
+            err = ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        elif scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+            err = ApiError(401, "incorrect API key provided", code="invalid_api_key")
+        else:
+            return await self.app(scope, receive, send)
+        await send_error(send, err, [(b"www-authenticate", b"Bearer")])
+
+
+class BodyLimit:
+    """413 for a body over ``max_bytes``: from Content-Length at once, or while reading a
+    chunked body (before it is buffered whole)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await send_error(send, self._too_large())
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge(self.max_bytes)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await send_error(send, self._too_large())
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"the request body exceeds the limit of {self.max_bytes} bytes", code="request_too_large")
+
+
+class _TooLarge(HTTPException):
+    # An HTTPException so FastAPI's body reader re-raises it instead of calling it a 400.
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body exceeds the limit of {limit} bytes")

@@ -1,0 +1,108 @@
+"""The preprocess pool: turning requests into engine inputs (tokenization, media
+decoding, features) in worker processes, so the API's event loop never stalls on them.
+
+Per request the plugin's ``mstar_offload_preprocess`` hook decides: pool (default) or
+inline. A failing preprocess fails only its request; a crashed worker is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+from mstar.api.adapter import CHAT, GENERATE, SPEECH, ApiAdapter, EngineRequest
+from mstar.api.errors import ApiError
+
+log = logging.getLogger("mstar.server")
+
+_METHODS = {CHAT: "chat_inputs", SPEECH: "speech_inputs", GENERATE: "generate_inputs"}
+
+_worker_adapter: ApiAdapter | None = None
+
+
+def load_adapter(model: str, checkpoint_dir: str | Path) -> tuple[Any, ApiAdapter]:
+    """(loaded model, its adapter; the base adapter when the model has none)."""
+    from mstar.plugins.loading import load_model
+
+    loaded = load_model(model)
+    config = loaded.spec.load_config(Path(checkpoint_dir))
+    adapter = loaded.hook.mstar_api_adapter(model_name=loaded.spec.name, config=config, checkpoint_dir=Path(checkpoint_dir))
+    return loaded, adapter if adapter is not None else ApiAdapter()
+
+
+def _init_worker(model: str, checkpoint_dir: str) -> None:
+    global _worker_adapter
+    _worker_adapter = load_adapter(model, checkpoint_dir)[1]
+
+
+def _ping() -> bool:
+    return _worker_adapter is not None
+
+
+def _run_in_worker(endpoint: str, request: Any) -> EngineRequest:
+    assert _worker_adapter is not None, "preprocess worker not initialised"
+    return getattr(_worker_adapter, _METHODS[endpoint])(request)
+
+
+class PreprocessPool:
+    def __init__(self, model: str, checkpoint_dir: str | Path, adapter: ApiAdapter, hook: Any, workers: int) -> None:
+        self.model = model
+        self.checkpoint_dir = str(checkpoint_dir)
+        self.adapter = adapter
+        self.hook = hook
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        if self.workers > 0:
+            self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            self.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(self.model, self.checkpoint_dir)
+        )
+
+    async def warm_up(self) -> None:
+        """Start every worker now (importing the plugin takes seconds), not on the first request."""
+        if self._pool is None:
+            return
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self._pool, _ping) for _ in range(self.workers)))
+
+    def offloads(self, request: Any) -> bool:
+        decided = self.hook.mstar_offload_preprocess(model_name=self.model, request=request)
+        return self._pool is not None and decided is not False
+
+    async def run(self, endpoint: str, request: Any) -> EngineRequest:
+        try:
+            if self.offloads(request):
+                return await self._in_pool(endpoint, request)
+            return getattr(self.adapter, _METHODS[endpoint])(request)
+        except ApiError:
+            raise
+        except NotImplementedError:
+            raise ApiError(404, f"model {self.model!r} does not serve the {endpoint} endpoint", code="endpoint_not_served") from None
+        except Exception as exc:
+            raise ApiError(400, f"preprocessing failed: {exc}", code="preprocess_failed") from None
+
+    async def _in_pool(self, endpoint: str, request: Any) -> EngineRequest:
+        assert self._pool is not None
+        pool = self._pool
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, _run_in_worker, endpoint, request)
+        except BrokenProcessPool:
+            log.error("a preprocess worker died; starting a new pool")
+            if self._pool is pool:
+                self._pool = self._new_pool()
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise RuntimeError("the preprocess worker crashed on this request") from None
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

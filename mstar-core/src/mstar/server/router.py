@@ -1,0 +1,155 @@
+"""Routing requests to engine processes and their outputs back to the HTTP handlers.
+
+Every engine holding a partition of the model gets each request (an engine runs only the
+partitions whose nodes it holds). Stream items an engine emits for a partition in another
+engine are forwarded there; a request ends when every engine finished it, or at once when
+one fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mstar.api.errors import ApiError
+from mstar.server.engine_handle import EngineHandle
+from mstar.server.messages import AbortRequest, AddRequest, CloseStream, Event, PushStream
+from mstar.server.tensor_codec import TensorCodec
+
+log = logging.getLogger("mstar.server")
+
+# When engines disagree on why a request ended, the most telling reason wins.
+_REASON_RANK = {"error": 4, "abort": 3, "length": 2}
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str
+    error: str | None = None
+    status: int = 500  # HTTP status for an error
+
+
+class RequestStream:
+    """One request's outputs: ``(signal, tensor)`` items, then one ``Finished``."""
+
+    __slots__ = ("request_id", "queue", "pending", "reason", "done")
+
+    def __init__(self, request_id: str, engines: set[str]) -> None:
+        self.request_id = request_id
+        self.queue: asyncio.Queue[tuple[str, torch.Tensor] | Finished] = asyncio.Queue()
+        self.pending = set(engines)
+        self.reason = "stop"
+        self.done = False
+
+    def finish(self, fin: Finished) -> None:
+        if not self.done:
+            self.done = True
+            self.queue.put_nowait(fin)
+
+    async def next_batch(self) -> list[tuple[str, torch.Tensor] | Finished]:
+        """Everything queued (at least one item): lets a slow consumer coalesce."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        return items
+
+
+class Router:
+    def __init__(self, engines: dict[str, EngineHandle], stream_routes: dict[str, str], codec: TensorCodec) -> None:
+        self.engines = engines
+        self.stream_routes = stream_routes
+        self.codec = codec
+        self.streams: dict[str, RequestStream] = {}
+
+    def submit(
+        self,
+        request_id: str,
+        inputs: dict[str, torch.Tensor],
+        sampling: dict[str, Any],
+        kwargs: dict[str, Any],
+        signals: list[str] | None,
+    ) -> RequestStream:
+        down = [e for e in self.engines.values() if not e.alive]
+        if down:
+            raise ApiError(503, f"engine {down[0].name!r} {down[0].down_reason or 'is down'}; the server is unhealthy", code="engine_unavailable")
+        stream = RequestStream(request_id, set(self.engines))
+        self.streams[request_id] = stream
+        for engine in self.engines.values():
+            # Encoded per engine: a shared-memory segment is consumed by its one receiver.
+            msg = AddRequest(request_id, {k: self.codec.encode(v) for k, v in inputs.items()}, sampling, kwargs, signals)
+            engine.send(msg)
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        stream = self.streams.pop(request_id, None)
+        if stream is None:
+            return
+        stream.finish(Finished("abort"))
+        for name in stream.pending:
+            self._send(name, AbortRequest(request_id))
+
+    def fail(self, request_id: str, fin: Finished) -> None:
+        """End a request with an error now and abort it in every engine still holding it."""
+        stream = self.streams.get(request_id)
+        if stream is not None:
+            stream.finish(fin)
+            self.abort(request_id)
+
+    # ---- engine reports ---------------------------------------------------------------
+    def on_events(self, engine: str, events: list[Event]) -> None:
+        for ev in events:
+            stream = self.streams.get(ev.request_id)
+            if stream is None:
+                if ev.value is not None and ev.value.shm is not None:
+                    self.codec.decode(ev.value)  # still frees its segment
+                continue
+            if ev.stream_item or ev.stream_closed:
+                self._forward(stream, ev)
+            elif ev.finished:
+                self._engine_finished(stream, engine, ev)
+            elif ev.value is not None and ev.signal is not None:
+                stream.queue.put_nowait((ev.signal, self.codec.decode(ev.value)))
+
+    def _forward(self, stream: RequestStream, ev: Event) -> None:
+        target = self.stream_routes.get(ev.signal or "")
+        if target is None:
+            log.error("request %s: no engine consumes stream %r", stream.request_id, ev.signal)
+            return
+        if ev.stream_item and ev.value is not None:
+            value = self.codec.decode(ev.value)
+            self._send(target, PushStream(stream.request_id, ev.signal or "", self.codec.encode(value)))
+        else:
+            self._send(target, CloseStream(stream.request_id, ev.signal or ""))
+
+    def _engine_finished(self, stream: RequestStream, engine: str, ev: Event) -> None:
+        stream.pending.discard(engine)
+        reason = ev.finish_reason or "stop"
+        if _REASON_RANK.get(reason, 1) > _REASON_RANK.get(stream.reason, 0):
+            stream.reason = reason
+        if ev.error or reason == "error":
+            self.fail(stream.request_id, Finished("error", ev.error or "engine error", 500))
+        elif reason == "abort" and stream.pending:
+            self.abort(stream.request_id)
+        elif not stream.pending:
+            self.streams.pop(stream.request_id, None)
+            stream.finish(Finished(stream.reason))
+
+    def engine_down(self, name: str, reason: str) -> None:
+        """Fail, promptly, every request the engine held."""
+        for rid, stream in list(self.streams.items()):
+            if name in stream.pending:
+                stream.pending.discard(name)
+                self.fail(rid, Finished("error", f"engine {name!r} {reason}", 503))
+
+    def _send(self, engine: str, cmd: Any) -> None:
+        handle = self.engines.get(engine)
+        if handle is None or not handle.alive:
+            return
+        try:
+            handle.send(cmd)
+        except Exception as exc:  # a dead peer: its monitor reports it
+            log.warning("could not send to engine %s: %s", engine, exc)

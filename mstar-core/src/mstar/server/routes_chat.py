@@ -1,0 +1,166 @@
+"""``POST /v1/chat/completions``: text (and audio, where the model has it), whole or SSE."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from starlette.responses import JSONResponse, Response
+
+from mstar import __version__
+from mstar.api.adapter import CHAT, not_served
+from mstar.api.audio import encode_audio, to_pcm16
+from mstar.api.errors import ApiError
+from mstar.api.protocol import ChatCompletionRequest
+from mstar.api.sampling import request_sampling
+from mstar.server.execution import Execution
+from mstar.server.output_tracker import OutputTracker
+from mstar.server.runtime import ServerRuntime
+from mstar.server.streaming import SSE_DONE, ManagedStreamingResponse, sse
+
+SYSTEM_FINGERPRINT = f"mstar-{__version__}"
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _finish_reason(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def check_chat_request(rt: ServerRuntime, req: ChatCompletionRequest) -> None:
+    adapter = rt.adapter
+    rt.check_model(req.model)
+    if not adapter.serves(CHAT):
+        raise not_served(req.model, "chat completions")
+    if req.n < 1:
+        raise ApiError(400, "n must be >= 1", param="n")
+    if req.n > adapter.max_n:
+        raise ApiError(400, f"n={req.n} is not supported: model {rt.model_name!r} returns at most {adapter.max_n} choice(s)", param="n")
+    if (req.logprobs or req.top_logprobs) and not adapter.supports_logprobs:
+        raise ApiError(400, f"model {rt.model_name!r} does not provide logprobs", param="logprobs")
+    if req.wants_audio and not (adapter.chat_audio and adapter.audio_signal):
+        raise ApiError(400, f"model {rt.model_name!r} has no audio output; use modalities [\"text\"]", param="modalities")
+    if req.wants_audio and req.stream and req.audio is not None and req.audio.format not in ("pcm16", "pcm"):
+        raise ApiError(400, "streamed audio is sent as pcm16; set audio.format to \"pcm16\"", param="audio.format")
+
+
+async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest) -> Response:
+    check_chat_request(rt, req)
+    adapter = rt.adapter
+    sampling = request_sampling(
+        req,
+        max_tokens=("max_completion_tokens", req.max_completion_tokens) if req.max_completion_tokens is not None else ("max_tokens", req.max_tokens),
+    )
+    if adapter.supports_logprobs and req.logprobs:
+        sampling.set("logprobs", True)
+        sampling.set("top_logprobs", req.top_logprobs)
+    signals = [s for s in (adapter.text_signal, adapter.audio_signal if req.wants_audio else None) if s]
+    ex = Execution(rt, CHAT, prefix="chatcmpl")
+    await ex.start(req, sampling, signals)
+    out = OutputTracker(rt, ex, adapter.text_decoder(), stop_strings(sampling.main.get("stop")))
+    if req.stream:
+        return ManagedStreamingResponse(_stream(rt, req, ex, out), ex.close, media_type="text/event-stream", headers=_headers(ex))
+    try:
+        async for batch in ex.batches():
+            out.consume(batch)
+            if out.text.stopped:
+                ex.stop()
+                break
+        tail = out.finish()
+    finally:
+        ex.close()
+    return JSONResponse(_completion(rt, req, ex, out, tail), headers=_headers(ex))
+
+
+def _headers(ex: Execution) -> dict[str, str]:
+    return {"x-request-id": ex.request_id, **({"x-mstar-seed": str(ex.seed)} if ex.seed is not None else {})}
+
+
+def _usage(ex: Execution, out: OutputTracker) -> dict[str, int]:
+    prompt = ex.engine_request.prompt_tokens if ex.engine_request else 0
+    return {"prompt_tokens": prompt, "completion_tokens": out.tokens, "total_tokens": prompt + out.tokens}
+
+
+def _completion(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, out: OutputTracker, tail: str) -> dict[str, Any]:
+    text = out.text.text
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if req.wants_audio:
+        fmt = req.audio.format if req.audio else "wav"
+        audio = np.concatenate(out.audio) if out.audio else np.zeros(0, np.float32)
+        message["content"] = None
+        message["audio"] = {
+            "id": f"audio-{ex.request_id}",
+            "data": base64.b64encode(encode_audio(audio, rt.adapter.sample_rate or 16000, fmt)).decode(),
+            "expires_at": int(time.time()) + 3600,
+            "transcript": text,
+        }
+    return {
+        "id": ex.request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": rt.model_name,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "seed": ex.seed,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(ex.finish_reason)}],
+        "usage": _usage(ex, out),
+    }
+
+
+async def _stream(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, out: OutputTracker) -> AsyncIterator[bytes]:
+    base = {
+        "id": ex.request_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": rt.model_name,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "seed": ex.seed,
+    }
+    audio_id = f"audio-{ex.request_id}"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+    def delta_of(text: str, audio: list[np.ndarray]) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if req.wants_audio:
+            piece: dict[str, Any] = {"id": audio_id}
+            if text:
+                piece["transcript"] = text
+            if audio:
+                piece["data"] = base64.b64encode(to_pcm16(np.concatenate(audio))).decode()
+            if len(piece) > 1:
+                delta["audio"] = piece
+        elif text:
+            delta["content"] = text
+        return delta
+
+    yield chunk({"role": "assistant", "content": "" if not req.wants_audio else None})
+    try:
+        async for batch in ex.batches():
+            text, audio = out.consume(batch)
+            delta = delta_of(text, audio)
+            if delta:
+                yield chunk(delta)
+            if out.text.stopped:
+                ex.stop()
+                break
+        tail = delta_of(out.finish(), [])
+        if tail:
+            yield chunk(tail)
+    except ApiError as exc:
+        yield sse(exc.body())
+        yield SSE_DONE
+        return
+    if ex.finish_reason == "abort":
+        return  # the client is gone
+    yield chunk({}, _finish_reason(ex.finish_reason))
+    if req.stream_options is not None and req.stream_options.include_usage:
+        yield sse({**base, "choices": [], "usage": _usage(ex, out)})
+    yield SSE_DONE

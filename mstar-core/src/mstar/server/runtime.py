@@ -1,0 +1,235 @@
+"""The API process's runtime: the model's adapter, engine processes, router, preprocess
+pool, admission and metrics, with start-up (engines ready, warm-up) and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from mstar.api.adapter import CHAT, SPEECH
+from mstar.api.errors import ApiError
+from mstar.server.admission import Admission
+from mstar.server.config import ServerConfig
+from mstar.server.engine_handle import EngineHandle
+from mstar.server.engine_process import EngineProcessSpec
+from mstar.server.messages import Events, Fatal, Ready, Stats, report_decoder
+from mstar.server.metrics import ServerMetrics
+from mstar.server.placement import Placement, load_placement, validate_placement
+from mstar.server.preprocess import PreprocessPool, load_adapter
+from mstar.server.router import Router
+from mstar.server.tensor_codec import TensorCodec, cleanup_segments
+
+log = logging.getLogger("mstar.server")
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class ServerRuntime:
+    def __init__(self, config: ServerConfig, checkpoint_dir: Path) -> None:
+        self.config = config
+        self.checkpoint_dir = checkpoint_dir
+        self.loaded, self.adapter = load_adapter(config.model, checkpoint_dir)
+        self.spec = self.loaded.spec
+        self.model_name = self.spec.name
+        self.model_config = self.spec.load_config(checkpoint_dir)
+        self.graph = self.spec.build_graph(self.model_config)
+        self.node_samplers = self.loaded.hook.mstar_node_samplers(config=self.model_config) or {}
+        self.placement: Placement = load_placement(config.placement, dict(self.spec.default_placement), config.device)
+        validate_placement(self.placement, self.graph)
+        self.created = int(time.time())
+        self.metrics = ServerMetrics()
+        self.admission = Admission(config.max_concurrency, config.max_queue, self._admission_changed)
+        self.preprocess = PreprocessPool(self.model_name, checkpoint_dir, self.adapter, self.loaded.hook, config.preprocess_workers)
+        # A per-server prefix: shared-memory segments and sockets of this server only.
+        self.token = secrets.token_hex(4)
+        self.shm_prefix = f"mstar_{self.token}_"
+        self.codec = TensorCodec(self.shm_prefix, config.shm_threshold)
+        self.ipc_dir = Path(tempfile.mkdtemp(prefix="mstar-"))
+        self.zctx = zmq.Context()
+        self.actx = zmq.asyncio.Context()
+        self.engines: dict[str, EngineHandle] = {}
+        self.router = Router(self.engines, self.placement.stream_routes(self.graph), self.codec)
+        self._reports: Any = None
+        self._receiver: asyncio.Task | None = None
+        self._ready: asyncio.Future | None = None
+        self.started = False
+
+    # ---- identity -------------------------------------------------------------------------
+    def served_names(self) -> set[str]:
+        return {self.model_name, *self.spec.aliases}
+
+    def check_model(self, name: str) -> None:
+        if name not in self.served_names():
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}", param="model", code="model_not_found")
+
+    @property
+    def healthy(self) -> bool:
+        return self.started and all(e.alive for e in self.engines.values())
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.healthy else "unhealthy",
+            "model": self.model_name,
+            "engines": {
+                name: {"alive": e.alive, "nodes": list(e.nodes), "device": e.spec.device, **({"error": e.down_reason} if e.down_reason else {})}
+                for name, e in self.engines.items()
+            },
+        }
+
+    # ---- start-up ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        report_addr = f"ipc://{self.ipc_dir}/reports"
+        self._reports = self.actx.socket(zmq.PULL)
+        self._reports.bind(report_addr)
+        self._ready = loop.create_future()
+        for i, group in enumerate(self.placement.groups):
+            spec = EngineProcessSpec(
+                name=group.name,
+                model=self.model_name,
+                checkpoint_dir=str(self.checkpoint_dir),
+                nodes=list(group.nodes),
+                device=group.device,
+                command_addr=f"ipc://{self.ipc_dir}/engine-{i}",
+                report_addr=report_addr,
+                shm_prefix=self.shm_prefix,
+                shm_threshold=self.config.shm_threshold,
+                parent_pid=os.getpid(),
+                log_level=self.config.log_level,
+                engine_options=dict(self.config.engine_options),
+            )
+            self.engines[group.name] = EngineHandle(spec, self.zctx)
+        self._receiver = asyncio.create_task(self._receive_loop())
+        self.preprocess.start()
+        for engine in self.engines.values():
+            engine.start()
+            engine.watch(loop, self._engine_exited)
+            self.metrics.engine_up.labels(engine.name).set(1)
+        t0 = time.perf_counter()
+        await asyncio.gather(
+            asyncio.wait_for(asyncio.shield(self._ready), self.config.startup_timeout_s),
+            self.preprocess.warm_up(),
+        )
+        log.info("engines ready in %.1fs; warming up", time.perf_counter() - t0)
+        await self._warm_up()
+        self.started = True
+
+    async def _warm_up(self) -> None:
+        """One small request through the whole path (pool, every engine, cross-process
+        streams) so the first client request pays no first-use costs."""
+        from mstar.server.execution import Execution
+
+        request = self.adapter.warmup_request()
+        if request is None:
+            log.info("the model's adapter names no warm-up request; skipping warm-up")
+            return
+        endpoint = CHAT if CHAT in self.adapter.endpoints and hasattr(request, "messages") else SPEECH
+        ex = Execution(self, endpoint, prefix="warmup")
+        from mstar.api.sampling import request_sampling
+
+        await ex.start(request, request_sampling(request, max_tokens=("max_tokens", getattr(request, "max_tokens", None))), None)
+        try:
+            async for _ in ex.batches():
+                pass
+        except ApiError as exc:
+            raise StartupError(f"the warm-up request failed: {exc.message}") from None
+        finally:
+            ex.close()
+
+    def _engine_exited(self, engine: EngineHandle) -> None:
+        reason = engine.down_reason or f"process {engine.exit_description()}"
+        engine.mark_down(reason)
+        self.metrics.engine_up.labels(engine.name).set(0)
+        if not self._closing:
+            log.error("engine %s %s; failing its requests", engine.name, reason)
+        self.router.engine_down(engine.name, reason)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(StartupError(f"engine {engine.name!r} {reason} during start-up"))
+
+    _closing = False
+
+    async def _receive_loop(self) -> None:
+        while True:
+            raw = await self._reports.recv()
+            try:
+                report = report_decoder.decode(raw)
+            except Exception:
+                log.exception("undecodable engine report")
+                continue
+            if isinstance(report, Events):
+                self.router.on_events(report.engine, report.events)
+            elif isinstance(report, Stats):
+                self._engine_stats(report.engine, report.stats)
+            elif isinstance(report, Ready):
+                self._engine_ready(report)
+            elif isinstance(report, Fatal):
+                engine = self.engines.get(report.engine)
+                if engine is not None:
+                    engine.mark_down(f"failed: {report.error}")
+                    log.error("engine %s failed: %s", report.engine, report.error)
+                    if self._ready is not None and not self._ready.done():
+                        self._ready.set_exception(StartupError(f"engine {report.engine!r} failed to start: {report.error}"))
+
+    def _engine_ready(self, report: Ready) -> None:
+        engine = self.engines[report.engine]
+        engine.ready = True
+        self._engine_stats(report.engine, report.stats)
+        log.info("engine %s ready (pid %s)", report.engine, report.pid)
+        if all(e.ready for e in self.engines.values()) and self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    def _engine_stats(self, name: str, stats: Any) -> None:
+        engine = self.engines.get(name)
+        if engine is not None:
+            engine.stats = stats
+        self.metrics.engine_stats(name, stats)
+
+    def _admission_changed(self, running: int, waiting: int) -> None:
+        self.metrics.running.set(running)
+        self.metrics.api_waiting(waiting)
+
+    # ---- shutdown --------------------------------------------------------------------------
+    async def stop(self) -> None:
+        self._closing = True
+        for rid in list(self.router.streams):
+            self.router.abort(rid)
+        if self._receiver is not None:
+            self._receiver.cancel()
+            await asyncio.gather(self._receiver, return_exceptions=True)
+            self._receiver = None
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    _closed = False
+
+    def close(self) -> None:
+        """Stop engines and the pool, remove sockets and leftover shared memory (sync,
+        idempotent: also the launcher's last resort when the event loop is gone)."""
+        if self._closed:
+            return
+        self._closed = self._closing = True
+        t0 = time.perf_counter()
+        for engine in self.engines.values():
+            engine.stop()
+        t1 = time.perf_counter()
+        self.preprocess.shutdown()
+        log.info("stopped engines in %.2fs, preprocess pool in %.2fs", t1 - t0, time.perf_counter() - t1)
+        if self._reports is not None:
+            self._reports.close(linger=0)
+        self.zctx.destroy(linger=0)
+        self.actx.destroy(linger=0)
+        removed = cleanup_segments(self.shm_prefix)
+        if removed:
+            log.info("removed %d leftover shared-memory segment(s)", removed)
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)

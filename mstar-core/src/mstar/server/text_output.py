@@ -1,0 +1,52 @@
+"""Text of one request: decoding deltas and applying stop strings.
+
+The engine stops on token ids; stop *strings* are matched here, on the decoded text. A
+delta is held back while its tail could still be the start of a stop string, so a client
+never sees text that is later cut off.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mstar.api.adapter import TextDecoder
+
+
+class TextAssembler:
+    def __init__(self, decoder: TextDecoder, stop: tuple[str, ...] | list[str] = ()) -> None:
+        self.decoder = decoder
+        self.stop = tuple(s for s in stop if s)
+        self._hold = max((len(s) for s in self.stop), default=1) - 1
+        self._pending = ""  # decoded, not yet released
+        self.text = ""  # released so far
+        self.stopped = False
+
+    def feed(self, value: torch.Tensor) -> str:
+        """Decode one value; returns the text now safe to release."""
+        if self.stopped:
+            return ""
+        return self._release(self.decoder.decode(value), final=False)
+
+    def finish(self) -> str:
+        if self.stopped:
+            return ""
+        return self._release(self.decoder.flush(), final=True)
+
+    def _release(self, piece: str, final: bool) -> str:
+        self._pending += piece
+        if self.stop:
+            window = self.text[-self._hold:] if self._hold else ""
+            joined = window + self._pending
+            hits = [i for i in (joined.find(s) for s in self.stop) if i >= 0]
+            if hits:
+                cut = min(hits) - len(window)
+                out = self._pending[: max(cut, 0)]
+                self.text += out
+                self._pending = ""
+                self.stopped = True
+                return out
+        keep = 0 if final or not self.stop else min(self._hold, len(self._pending))
+        out = self._pending[: len(self._pending) - keep]
+        self._pending = self._pending[len(out):]
+        self.text += out
+        return out
