@@ -85,7 +85,17 @@ def mstar_model_spec() -> ModelSpec:
         write_tiny_checkpoint=_write_tiny,
         default_placement={"lm": "0", "decoder": "0"},
         max_model_len=lambda cfg: cfg["max_position_embeddings"],
+        example_requests=_example_requests,
     )
+
+
+def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
+    import torch
+
+    from mstar_toy.config import encode_text
+
+    ids = torch.tensor(encode_text("conformance", config["bos_token_id"]))
+    return [{"inputs": {"prompt_ids": ids}, "sampling": {"main": {"temperature": 0, "max_tokens": 4, "ignore_eos": True}}}]
 
 
 def _build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:

@@ -12,14 +12,15 @@ _MARKS = {"pass": ("PASS", "green"), "fail": ("FAIL", "red"), "skip": ("SKIP", "
 @click.command("check-plugin")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def check_plugin(name: str, as_json: bool) -> None:
+@click.option("--static-only", is_flag=True, help="Skip the checks that build and run the model.")
+def check_plugin(name: str, as_json: bool, static_only: bool) -> None:
     """Check model plugin NAME (a name, an alias or a checkpoint directory).
 
     Prints one line per check; exits 1 when any check fails.
     """
-    from mstar.testing.conformance import run_conformance
+    from mstar.testing.conformance import STATIC_CHECKS, run_conformance
 
-    report = run_conformance(name)
+    report = run_conformance(name, STATIC_CHECKS if static_only else None)
     if as_json:
         results = [{"check": r.name, "status": r.status, "detail": r.detail} for r in report.results]
         click.echo(json.dumps({"model": report.model.name, "ok": report.ok, "results": results}, indent=2))

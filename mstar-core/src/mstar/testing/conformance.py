@@ -294,11 +294,27 @@ STATIC_CHECKS: tuple[Check, ...] = (
     Check("sampler labels are static", check_sampler_labels_static),
 )
 
-CHECKS: list[Check] = list(STATIC_CHECKS)
-"""The checks ``mstar check-plugin`` runs, in order; later issues append dynamic ones."""
+
+
+def _run_checks() -> tuple[Check, ...]:
+    from mstar.testing import run_checks as rc
+
+    return (
+        Check("piecewise configs match the runner", rc.check_piecewise_conventions),
+        Check("every walk runs once on the tiny checkpoint", rc.check_every_walk_runs),
+        Check("seeded requests reproduce", rc.check_seeds_reproduce),
+    )
+
+
+RUN_CHECKS: tuple[Check, ...] = _run_checks()
+"""Checks that build the nodes and run requests through the real engine."""
+
+CHECKS: list[Check] = [*STATIC_CHECKS, *RUN_CHECKS]
+"""The checks ``mstar check-plugin`` runs, in order."""
 
 __all__ = [
     "CHECKS",
+    "RUN_CHECKS",
     "STATIC_CHECKS",
     "Check",
     "CheckFailed",
