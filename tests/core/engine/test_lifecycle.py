@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from toy_reference import GREEDY, prompts
 
@@ -48,24 +49,28 @@ def test_abort_mid_decode_frees_blocks(make_engine):
     assert kv_full(engine)
 
 
-def test_failing_request_fails_alone(make_engine):
+@pytest.mark.parametrize("when", ["before_sampling", "after_sampling"])
+def test_failing_request_fails_alone(make_engine, when):
     engine = make_engine()
     lm = engine.core.nodes["lm"].submodule
     original = lm.forward_batched
 
     def flaky(graph_walk, engine_inputs, **kw):
+        if when == "after_sampling":  # the batch already drew its tokens: they must be undone
+            out = original(graph_walk, engine_inputs, **kw)
         if "bad" in engine_inputs.request_ids:
             raise RuntimeError("boom in forward")
-        return original(graph_walk, engine_inputs, **kw)
+        return out if when == "after_sampling" else original(graph_walk, engine_inputs, **kw)
 
     lm.forward_batched = flaky
     ps = prompts(5)
-    reqs = [{"inputs": {"prompt_ids": p}, "sampling": GREEDY, "request_id": f"r{i}"} for i, p in enumerate(ps)]
-    reqs.insert(2, {"inputs": {"prompt_ids": ps[0]}, "sampling": GREEDY, "request_id": "bad"})
+    seeded = {"main": {"temperature": 1.0, "max_tokens": 12, "seed": 99}, "aux": {"residual": {"temperature": 1.0}}}
+    reqs = [{"inputs": {"prompt_ids": p}, "sampling": seeded, "request_id": f"r{i}"} for i, p in enumerate(ps)]
+    reqs.insert(2, {"inputs": {"prompt_ids": ps[0]}, "sampling": seeded, "request_id": "bad"})
     res = {r.request_id: r for r in engine.run_batch(reqs)}
     assert "boom in forward" in res["bad"].error
     lm.forward_batched = original
-    alone = engine.run_batch([{"inputs": {"prompt_ids": p}, "sampling": GREEDY} for p in ps])
+    alone = [engine.run_batch([{"inputs": {"prompt_ids": p}, "sampling": seeded}])[0] for p in ps]
     for i in range(5):
         assert res[f"r{i}"].error is None
         assert res[f"r{i}"].cat("token").tolist() == alone[i].cat("token").tolist()

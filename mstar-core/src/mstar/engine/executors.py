@@ -75,11 +75,14 @@ class NodeExecutor:
     def run(self, walk: str, rows: list[Row]) -> dict[str, RowResult]:
         """Outputs per request id; a batch whose forward raises is retried row by row so a
         failing request fails alone."""
+        snap = self._sampler_snapshot(rows)
         try:
             return self._run_checked(walk, rows)
         except Exception as exc:
             if len(rows) == 1:
                 return {rows[0].req.id: exc}
+        if snap is not None:  # rows that already drew must draw the same step again
+            self.node.sampler.restore(*snap)
         results: dict[str, RowResult] = {}
         for row in rows:
             try:
@@ -87,6 +90,12 @@ class NodeExecutor:
             except Exception as exc:
                 results[row.req.id] = exc
         return results
+
+    def _sampler_snapshot(self, rows: list[Row]) -> tuple[torch.Tensor, Any] | None:
+        if self.node.sampler is None:
+            return None
+        slots = torch.tensor([r.req.slots[self.node.name] for r in rows], dtype=torch.long, device=self.node.device)
+        return slots, self.node.sampler.snapshot(slots)
 
     def _run_checked(self, walk: str, rows: list[Row]) -> dict[str, RowResult]:
         sub = self.node.submodule

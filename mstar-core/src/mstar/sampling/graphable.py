@@ -212,6 +212,17 @@ class CudaGraphableSampler:
                 (slot_ids, tokens), adv.to(torch.int32), accumulate=True
             )
 
+    def snapshot(self, slot_ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The rows' step counters and output counts, to undo a step that failed."""
+        counts = None if self._counts is None else self._counts.index_select(0, slot_ids)
+        return self._step.index_select(0, slot_ids), counts
+
+    def restore(self, slot_ids: Tensor, snap: tuple[Tensor, Tensor | None]) -> None:
+        steps, counts = snap
+        self._step.index_copy_(0, slot_ids, steps)
+        if counts is not None and self._counts is not None:
+            self._counts.index_copy_(0, slot_ids, counts)
+
     # ---- internals ----
 
     def _check_slot(self, slot: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -107,6 +108,14 @@ class MultiSampler:
         if label not in self.aux_labels:
             raise UnknownSamplerLabelError([label], self.aux_labels)
         return self.samplers[label].sample(logits, slot_ids, advance)
+
+    def snapshot(self, slot_ids: Tensor) -> dict[str, Any]:
+        """Every label's per-row sampling state, so a failed step can be undone."""
+        return {label: s.snapshot(slot_ids) for label, s in self.samplers.items()}
+
+    def restore(self, slot_ids: Tensor, snap: dict[str, Any]) -> None:
+        for label, s in self.samplers.items():
+            s.restore(slot_ids, snap[label])
 
     def bind(self, slot_ids: Tensor, advance: Tensor | None = None) -> BatchSampler:
         """The batch's sampler handle, to pass into model forwards."""
