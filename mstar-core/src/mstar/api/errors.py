@@ -38,8 +38,16 @@ class ApiError(Exception):
         self.code = code
         self.type = type or ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
+    def __reduce__(self) -> Any:
+        # Picklable, so an error raised in a preprocess worker keeps its status and param.
+        return (_rebuild, (self.status, self.message, self.param, self.code, self.type))
+
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+def _rebuild(status: int, message: str, param: str | None, code: str | None, type: str) -> ApiError:
+    return ApiError(status, message, param=param, code=code, type=type)
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -99,8 +99,10 @@ class Execution:
             return
         self._closed = True
         self._cancel_timer()
-        if self._stream is not None and not self._stream.done:
-            self.rt.router.abort(self.request_id)
+        if self._stream is not None:
+            if not self._stream.done:
+                self.rt.router.abort(self.request_id)
+            self.rt.metrics.finished.labels(self.finish_reason or "abort").inc()
         if self._admitted:
             self._admitted = False
             self.rt.admission.release()

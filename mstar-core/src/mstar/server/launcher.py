@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -38,20 +39,36 @@ def resolve_checkpoint(config: ServerConfig) -> Path:
     return path
 
 
+def _exit_cleanly_on_signals() -> None:
+    """SIGINT/SIGTERM end the process with status 0 once shut down. uvicorn handles them
+    while it serves and re-raises them afterwards, into these handlers; before uvicorn
+    runs (loading the model) they stop start-up at once."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
 def run_server(config: ServerConfig) -> int:
     import uvicorn
 
     from mstar.server.app import create_app
     from mstar.server.runtime import ServerRuntime
 
+    _exit_cleanly_on_signals()
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     runtime = ServerRuntime(config, resolve_checkpoint(config))
     app = create_app(runtime)
     server = uvicorn.Server(
         uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5, access_log=False)
     )
+    runtime.stop_requested = lambda: server.should_exit
     try:
         server.run()
+    except SystemExit as exc:
+        return int(exc.code or 0)
     finally:
         runtime.close()  # no-op after a clean lifespan shutdown; the last resort otherwise
     return 0 if runtime.started else 1

@@ -24,6 +24,7 @@ class ServerMetrics:
         self.itl = Histogram("mstar_inter_token_latency_seconds", "Time between text deltas", buckets=_LATENCY_BUCKETS, registry=r)
         self.ttfa = Histogram("mstar_time_to_first_audio_seconds", "Arrival to first audio chunk", buckets=_LATENCY_BUCKETS, registry=r)
         self.rtf = Histogram("mstar_real_time_factor", "Generation wall time / audio duration", buckets=_RTF_BUCKETS, registry=r)
+        self.finished = Counter("mstar_request_finish", "Requests that left the engines, by finish reason (stop, length, abort, error)", ["reason"], registry=r)
         self.tokens = Counter("mstar_generated_tokens", "Text tokens generated", registry=r)
         self._engine_waiting: dict[str, int] = {}
         self._api_waiting = 0

@@ -10,6 +10,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ class ServerRuntime:
         self._receiver: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None
         self.started = False
+        self.stop_requested: Callable[[], bool] = lambda: False
 
     # ---- identity -------------------------------------------------------------------------
     def served_names(self) -> set[str]:
@@ -83,7 +85,13 @@ class ServerRuntime:
             "status": "ok" if self.healthy else "unhealthy",
             "model": self.model_name,
             "engines": {
-                name: {"alive": e.alive, "nodes": list(e.nodes), "device": e.spec.device, **({"error": e.down_reason} if e.down_reason else {})}
+                name: {
+                    "alive": e.alive,
+                    "pid": e.process.pid if e.process is not None else None,
+                    "nodes": list(e.nodes),
+                    "device": e.spec.device,
+                    **({"error": e.down_reason} if e.down_reason else {}),
+                }
                 for name, e in self.engines.items()
             },
         }
@@ -118,13 +126,22 @@ class ServerRuntime:
             engine.watch(loop, self._engine_exited)
             self.metrics.engine_up.labels(engine.name).set(1)
         t0 = time.perf_counter()
-        await asyncio.gather(
-            asyncio.wait_for(asyncio.shield(self._ready), self.config.startup_timeout_s),
-            self.preprocess.warm_up(),
-        )
+        await asyncio.gather(self._wait_ready(), self.preprocess.warm_up())
         log.info("engines ready in %.1fs; warming up", time.perf_counter() - t0)
         await self._warm_up()
         self.started = True
+
+    async def _wait_ready(self) -> None:
+        """Wait for every engine's ``Ready``; give up on a signal or the start-up timeout."""
+        assert self._ready is not None
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while not self._ready.done():
+            if self.stop_requested():
+                raise StartupError("interrupted during start-up")
+            if time.monotonic() > deadline:
+                raise StartupError(f"engines not ready after {self.config.startup_timeout_s:g}s")
+            await asyncio.wait([self._ready], timeout=0.1)
+        self._ready.result()
 
     async def _warm_up(self) -> None:
         """One small request through the whole path (pool, every engine, cross-process
