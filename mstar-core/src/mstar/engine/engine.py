@@ -234,7 +234,11 @@ class Engine:
                 for out in outputs:
                     q = self._queues.get(out.request_id)
                     if q is not None:
-                        q.put(out)
+                        try:
+                            q.put(out)
+                        except Exception:  # a consumer that went away must not stop the loop
+                            log.debug("dropping output for %s", out.request_id, exc_info=True)
+                            self.core.abort(out.request_id)
                     if out.finished:
                         self._queues.pop(out.request_id, None)
             if not busy:
@@ -265,4 +269,6 @@ class _AsyncSink:
     def put(self, out: RequestOutput) -> None:
         if out.finished:
             self.finished = True
+        if self.loop.is_closed():
+            raise RuntimeError("the consumer's event loop is closed")
         self.loop.call_soon_threadsafe(self.aq.put_nowait, out)
