@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -134,10 +135,8 @@ class ServerProcess:
 
     def kill_all(self) -> None:
         if self.proc is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def assert_clean_exit(self) -> None:
         """No process of the server left, no shared-memory segment left."""
