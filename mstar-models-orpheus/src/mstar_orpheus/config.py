@@ -1,0 +1,71 @@
+"""Reading an Orpheus checkpoint directory: LLM config, tokenizer ids and the SNAC config.
+
+Layout (``--weights DIR``)::
+
+    DIR/config.json                      Llama config (canopylabs/orpheus-3b-0.1-ft)
+    DIR/model.safetensors                or model-*.safetensors + model.safetensors.index.json
+    DIR/tokenizer.json                   the Orpheus tokenizer (Llama-3 + <custom_token_N>)
+    DIR/snac/config.json                 hubertsiuzdak/snac_24khz
+    DIR/snac/pytorch_model.bin
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mstar_orpheus.tokens import OrpheusTokens
+
+ARCHITECTURE = "LlamaForCausalLM"
+SNAC_DIR = "snac"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"Orpheus checkpoint lacks {what}: {path} does not exist")
+    return json.loads(path.read_text())
+
+
+def load_config(checkpoint_dir: Path) -> dict[str, Any]:
+    """The LLM's config.json plus ``orpheus`` (special ids) and ``snac`` (codec config)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    config = _read_json(checkpoint_dir / "config.json", "the LLM config")
+    if ARCHITECTURE not in config.get("architectures", []):
+        raise ValueError(
+            f"{checkpoint_dir}/config.json is not an Orpheus (Llama) checkpoint "
+            f"(architectures: {config.get('architectures')})"
+        )
+    snac = _read_json(checkpoint_dir / SNAC_DIR / "config.json", "the SNAC decoder config")
+    tokens = OrpheusTokens.from_tokenizer(checkpoint_dir / TOKENIZER_FILE, int(snac.get("codebook_size", 4096)))
+    if tokens.custom_token_base + 10 >= config["vocab_size"]:
+        raise ValueError(f"vocab_size {config['vocab_size']} holds no audio tokens (base id {tokens.custom_token_base})")
+    return {**config, "orpheus": tokens.as_dict(), "snac": snac}
+
+
+def rope_params(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope scaling dict or None); reads both the classic keys and
+    transformers' newer ``rope_parameters``."""
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        scaling = params if params.get("rope_type", "default") != "default" else None
+        return float(params["rope_theta"]), scaling
+    scaling = config.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    return float(config.get("rope_theta", 10000.0)), scaling
+
+
+def head_dim(config: dict[str, Any]) -> int:
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def lm_dtype(config: dict[str, Any], device: str | torch.device) -> torch.dtype:
+    """The checkpoint's dtype on accelerators; float32 on CPU (bf16 matmuls there are slow)."""
+    if torch.device(device).type == "cpu":
+        return torch.float32
+    name = config.get("torch_dtype") or config.get("dtype") or "float32"
+    return getattr(torch, str(name).removeprefix("torch."))
