@@ -1,0 +1,259 @@
+"""The 12 Hz speech-tokenizer decoder: codes [B, G, T] → waveform [B, 1, T * samples_per_frame].
+
+Residual-VQ lookup, a causal convolution, a sliding-window causal transformer, then
+transposed-convolution upsampling with ConvNeXt and Snake residual blocks. Everything is
+causal, so a chunk decoded with enough left context reproduces the whole decode.
+Module names follow the checkpoint's ``decoder.*`` keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mstar_qwen3tts.config import CodecConfig
+from mstar_qwen3tts.layers import GatedMLP, RMSNorm, apply_rope, rope_cos_sin
+
+
+class CausalConv(nn.Module):
+    """Conv1d padded on the left so output t sees inputs <= t (stride 1 throughout here)."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
+        self.left = (kernel - 1) * dilation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (self.left, 0)))
+
+
+class CausalUpsample(nn.Module):
+    """Transposed conv whose right overhang is cut: exactly ``stride`` samples per input."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
+        self.trim = kernel - stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y[..., : y.shape[-1] - self.trim] if self.trim else y
+
+
+class SnakeBeta(nn.Module):
+    """x + sin²(x·e^α) / e^β, per channel (α, β stored in log scale)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = self.alpha.exp()[None, :, None]
+        beta = self.beta.exp()[None, :, None]
+        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = CausalConv(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.dwconv(x).transpose(1, 2))
+        h = self.pwconv2(F.gelu(self.pwconv1(h)))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int) -> None:
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, rate: int) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(
+            [SnakeBeta(cin), CausalUpsample(cin, cout, 2 * rate, rate), *(ResidualUnit(cout, d) for d in (1, 3, 9))]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.block:
+            x = layer(x)
+        return x
+
+
+# ---- residual vector quantizer (decode side) -----------------------------------------------
+
+
+class Codebook(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def vectors(self) -> torch.Tensor:
+        return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+
+
+class VQLayer(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self._codebook = Codebook(size, dim)
+
+
+class VQStack(nn.Module):
+    def __init__(self, n: int, size: int, dim: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(VQLayer(size, dim) for _ in range(n))
+
+
+class RVQ(nn.Module):
+    def __init__(self, n: int, size: int, dim: int, io_dim: int) -> None:
+        super().__init__()
+        self.vq = VQStack(n, size, dim)
+        # The encoder-side projection is part of the checkpoint; decoding never uses it.
+        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, n, T] → [B, io_dim, T]."""
+        total = sum(
+            F.embedding(codes[:, i], layer._codebook.vectors()) for i, layer in enumerate(self.vq.layers)
+        )
+        return self.output_proj(total.transpose(1, 2))  # type: ignore[union-attr]
+
+
+class SplitRVQ(nn.Module):
+    """The first (semantic) codebook and the acoustic rest, each with its own projections."""
+
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        dim = cfg.codebook_dim // 2
+        self.rvq_first = RVQ(1, cfg.codebook_size, dim, cfg.codebook_dim)
+        self.rvq_rest = RVQ(cfg.num_quantizers - 1, cfg.codebook_size, dim, cfg.codebook_dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
+
+
+# ---- the sliding-window transformer ----------------------------------------------------------
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), 0.01))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class WindowAttention(nn.Module):
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(b, t, self.num_heads, self.head_dim), cos, sin).transpose(1, 2)
+        k = apply_rope(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim), cos, sin).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.self_attn = WindowAttention(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class PreTransformer(nn.Module):
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, latent] → [B, T, latent]; query t attends keys (t - window, t]."""
+        x = self.input_proj(x)
+        t = x.shape[1]
+        pos = torch.arange(t, device=x.device)
+        cos, sin = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        delta = pos[:, None] - pos[None, :]
+        mask = (delta >= 0) & (delta < self.cfg.sliding_window)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return self.output_proj(self.norm(x))
+
+
+class CodecDecoder(nn.Module):
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.quantizer = SplitRVQ(cfg)
+        self.pre_conv = CausalConv(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.pre_transformer = PreTransformer(cfg)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalUpsample(cfg.latent_dim, cfg.latent_dim, f, f), ConvNeXtBlock(cfg.latent_dim)])
+            for f in cfg.upsampling_ratios
+        )
+        dims = [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]
+        self.decoder = nn.ModuleList(
+            [
+                CausalConv(cfg.latent_dim, cfg.decoder_dim, 7),
+                *(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)),
+                SnakeBeta(dims[-1]),
+                CausalConv(dims[-1], 1, 7),
+            ]
+        )
+
+    @property
+    def samples_per_frame(self) -> int:
+        return math.prod(self.cfg.upsample_rates) * math.prod(self.cfg.upsampling_ratios)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, G, T] (long) → waveform [B, 1, T * samples_per_frame] in [-1, 1]."""
+        if codes.shape[1] != self.cfg.num_quantizers:
+            raise ValueError(f"expected {self.cfg.num_quantizers} codebook groups, got {codes.shape[1]}")
+        x = self.pre_conv(self.quantizer.decode(codes))
+        x = self.pre_transformer(x.transpose(1, 2)).transpose(1, 2)
+        for up, block in self.upsample:  # type: ignore[misc]
+            x = block(up(x))
+        for layer in self.decoder:
+            x = layer(x)
+        return x.clamp(-1.0, 1.0)

@@ -1,0 +1,194 @@
+"""Hook implementations of the ``qwen3tts`` model (entry point in ``mstar.models``).
+
+Graph: partition ``talker`` runs ``prefill`` then the ``decode`` loop on node ``talker``
+(KV cache); each step emits one frame of codes [1, G] into the streaming edge ``codes``.
+Partition ``audio`` runs ``vocode``: node ``codec`` (stateless) decodes left-context
+chunks of that stream into 24 kHz audio until the stream closes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mstar import hookimpl
+from mstar.graph import (
+    EngineKind,
+    GraphSpec,
+    LeftContextChunks,
+    LinearWalks,
+    Loop,
+    NodeSpec,
+    Signal,
+    Step,
+    StreamingEdge,
+    Walk,
+)
+from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig
+
+from mstar_qwen3tts.config import ARCHITECTURE, Qwen3TTSConfig, load_config
+
+MODEL_NAME = "qwen3tts"
+REQUEST_INPUTS = ("text_ids", "codec_ids", "trailing_ids")
+
+
+def typed(config: dict[str, Any]) -> Qwen3TTSConfig:
+    return Qwen3TTSConfig.from_dict(config)
+
+
+def build_graph(config: dict[str, Any]) -> GraphSpec:
+    s = typed(config).streaming
+    talker_step = Step("talker", inputs=("next_embed", "trailing_ids"), outputs=("codes", "next_embed"))
+    return GraphSpec(
+        nodes={"talker": NodeSpec("talker", EngineKind.KV_CACHE), "codec": NodeSpec("codec", EngineKind.STATELESS)},
+        signals={
+            "codes": Signal(
+                "codes",
+                to_client=True,
+                stream=StreamingEdge("audio", "code_chunk", LeftContextChunks(s.chunk, s.left_context, s.first_chunk), "code_context"),
+            ),
+            "next_embed": Signal("next_embed", persist=True),
+            "audio": Signal("audio", to_client=True),
+        },
+        walks={
+            "prefill": Walk("prefill", "talker", Step("talker", inputs=REQUEST_INPUTS, outputs=("codes", "next_embed"))),
+            "decode": Walk("decode", "talker", Loop("decode_loop", talker_step, stop_on=("talker",))),
+            "vocode": Walk(
+                "vocode",
+                "audio",
+                Loop("vocode_loop", Step("codec", inputs=("code_chunk", "code_context"), outputs=("audio",)),
+                     until_stream_closed="codes"),
+            ),
+        },
+        state_machine=LinearWalks({"talker": ("prefill", "decode"), "audio": ("vocode",)}),
+        request_inputs=REQUEST_INPUTS,
+    )
+
+
+def _write_tiny(path: Path) -> None:
+    from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
+
+    write_checkpoint(path)
+
+
+def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """One request per prompt layout: together they run prefill, decode and vocode."""
+    from mstar_qwen3tts.prompt import build_prompt
+
+    cfg = typed(config)
+    ids = _example_token_ids(cfg)
+    speaker = cfg.speakers[0]
+    sampling = {"talker": {"main": {"temperature": 0, "max_tokens": 4}, "aux": {"code_predictor": {"temperature": 0}}}}
+    return [
+        {"inputs": build_prompt(cfg, ids, speaker, "auto", layout).inputs(), "sampling": sampling}
+        for layout in (True, False)
+    ]
+
+
+def _example_token_ids(cfg: Qwen3TTSConfig) -> list[int]:
+    # Ids only need to be valid: role (3), two text tokens, tail (5).
+    im_start, im_end = cfg.im_start_token_id, cfg.im_end_token_id
+    return [im_start, 1, 2, 3, 4, im_end, 2, im_start, 1, 2]
+
+
+@hookimpl
+def mstar_model_spec() -> ModelSpec:
+    return ModelSpec(
+        name=MODEL_NAME,
+        aliases=("qwen3-tts", "qwen3-tts-customvoice"),
+        architectures=(ARCHITECTURE,),
+        load_config=load_config,
+        build_graph=build_graph,
+        write_tiny_checkpoint=_write_tiny,
+        default_placement={"talker": "0", "codec": "0"},
+        max_model_len=lambda cfg: typed(cfg).talker.max_position_embeddings,
+        example_requests=_example_requests,
+    )
+
+
+def _build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+    import torch
+
+    from mstar_qwen3tts.talker import Talker
+    from mstar_qwen3tts.weights import load_talker
+
+    cfg = typed(config)
+    # Checkpoints are bf16; CPU runs float32 (bf16 matmuls there are slow and imprecise).
+    dtype = getattr(torch, cfg.torch_dtype) if torch.device(device).type == "cuda" else torch.float32
+    talker = Talker(cfg, dtype)
+    if checkpoint_dir is not None:
+        load_talker(talker, checkpoint_dir)
+    return talker.to(device=device, dtype=dtype)
+
+
+def _build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+    from mstar_qwen3tts.codec_node import CodecNode
+    from mstar_qwen3tts.weights import load_codec
+
+    node = CodecNode(typed(config).codec)
+    if checkpoint_dir is not None:
+        load_codec(node, checkpoint_dir)
+    return node.to(device)
+
+
+@hookimpl
+def mstar_node_factories(config: dict) -> dict[str, Any]:
+    return {"talker": _build_talker, "codec": _build_codec}
+
+
+@hookimpl
+def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
+    from mstar.sampling import SamplingParams
+
+    from mstar_qwen3tts.code_predictor import AUX_LABEL
+
+    cfg = typed(config)
+    d = cfg.sampling
+    main = SamplingParams(
+        temperature=d.temperature if d.do_sample else 0.0,
+        top_k=d.top_k,
+        top_p=d.top_p,
+        repetition_penalty=d.repetition_penalty,
+        max_tokens=d.max_new_tokens,
+        min_tokens=2,  # qwen-tts never lets the first two frames end the utterance
+    )
+    aux = SamplingParams(
+        temperature=d.subtalker_temperature if d.subtalker_dosample else 0.0,
+        top_k=d.subtalker_top_k,
+        top_p=d.subtalker_top_p,
+        max_tokens=d.max_new_tokens,
+    )
+    return {
+        "talker": NodeSamplers(
+            vocab_size=cfg.talker.vocab_size,
+            main=main,
+            aux={AUX_LABEL: aux},
+            aux_vocab_sizes={AUX_LABEL: cfg.talker.predictor.vocab_size},  # type: ignore[union-attr]
+            stop_token_ids=(cfg.talker.codec_eos_token_id,),
+        )
+    }
+
+
+@hookimpl
+def mstar_mixed_batch_configs(model_name: str, config: dict) -> list[MixedBatchConfig]:
+    return [MixedBatchConfig(node="talker", walks=("prefill", "decode"), merged_walk="mixed", max_rows={"prefill": 4})]
+
+
+@hookimpl
+def mstar_piecewise_graph_configs(model_name: str, node: str, submodule: Any) -> dict[str, PiecewiseGraphConfig]:
+    if node != "talker":
+        return {}
+    from mstar_qwen3tts.talker import PIECEWISE_LABEL
+
+    return {
+        PIECEWISE_LABEL: PiecewiseGraphConfig(
+            PIECEWISE_LABEL, submodule.sample_frame, ("hidden", "logits"), uses_sampler=True
+        )
+    }
+
+
+@hookimpl
+def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None) -> Any:
+    from mstar_qwen3tts.adapter import Qwen3TTSApiAdapter
+
+    return Qwen3TTSApiAdapter(config, checkpoint_dir)

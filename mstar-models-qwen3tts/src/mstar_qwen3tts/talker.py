@@ -1,0 +1,172 @@
+"""The talker: a Qwen3-style LM over summed text + codec embeddings on the paged KV cache.
+
+Each step it samples a frame's first codebook with the main sampler (non-codec ids
+suppressed as qwen-tts does), runs the code predictor for the residual groups (auxiliary
+label), and prepares the next step's input embedding: the frame's summed code embeddings
+plus the next text embedding (or the text pad). Node ``talker``; walks ``prefill`` and
+``decode``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from mstar.model.submodule_base import (
+    STOP_ALL,
+    ARNodeInputs,
+    ARNodeSubmodule,
+    BatchedModelOutput,
+    BatchedStopCheck,
+    CurrentForwardPassInfo,
+    KVCacheLayout,
+    ModelInputsFromEngine,
+    StopCheck,
+)
+from torch import nn
+
+from mstar_qwen3tts.code_predictor import CodePredictor
+from mstar_qwen3tts.config import Qwen3TTSConfig, TalkerConfig
+from mstar_qwen3tts.layers import RMSNorm, rope_cos_sin
+from mstar_qwen3tts.transformer import DecoderLayer
+
+PIECEWISE_LABEL = "code_predictor"
+NO_CODEC = -1  # a prompt position that carries text only (the role tokens)
+
+
+class TalkerModel(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
+
+
+class TextProjection(nn.Module):
+    """Text embeddings (text width) → talker width."""
+
+    def __init__(self, text_hidden: int, hidden: int) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(text_hidden, text_hidden, bias=True)
+        self.linear_fc2 = nn.Linear(text_hidden, hidden, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(torch.nn.functional.silu(self.linear_fc1(x)))
+
+
+class Talker(ARNodeSubmodule):
+    def __init__(self, config: Qwen3TTSConfig, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        cfg = config.talker
+        assert cfg.predictor is not None
+        self.cfg = cfg
+        self.dtype = dtype
+        self.tts_pad_id = config.tts_pad_token_id
+        self.model = TalkerModel(cfg)
+        self.text_projection = TextProjection(cfg.text_hidden_size, cfg.hidden_size)
+        self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.code_predictor = CodePredictor(cfg.predictor, cfg.hidden_size)
+        suppress = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        suppress[cfg.vocab_size - len(cfg.suppressed_ids):] = True
+        suppress[cfg.codec_eos_token_id] = False
+        self.register_buffer("suppress_mask", suppress, persistent=False)
+
+    # ---- engine contract ---------------------------------------------------------------
+    def kv_cache_layout(self) -> KVCacheLayout:
+        return KVCacheLayout(self.cfg.num_hidden_layers, self.cfg.num_key_value_heads, self.cfg.head_dim, self.dtype)
+
+    def max_model_len(self) -> int:
+        return self.cfg.max_position_embeddings
+
+    def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
+        trailing = signals["trailing_ids"].reshape(-1)
+        if info.walk == "prefill":
+            embeds = self.prompt_embeds(signals["text_ids"], signals["codec_ids"], trailing)
+        else:
+            embeds = signals["next_embed"].reshape(1, -1)
+        # The text fed with the *next* step: the trailing text one token per frame, then pad.
+        k = info.num_generated
+        next_text = int(trailing[k]) if k < trailing.numel() else self.tts_pad_id
+        return ARNodeInputs(input_embeds=embeds, input_seq_len=embeds.shape[0], kwargs={"next_text_id": next_text})
+
+    def prompt_embeds(self, text_ids: torch.Tensor, codec_ids: torch.Tensor, trailing_ids: torch.Tensor) -> torch.Tensor:
+        """Prefill embeddings: projected text plus codec embeddings, position by position."""
+        text_ids, codec_ids = text_ids.reshape(-1).to(torch.long), codec_ids.reshape(-1).to(torch.long)
+        if text_ids.numel() == 0 or text_ids.shape != codec_ids.shape:
+            raise ValueError(
+                f"text_ids and codec_ids must be non-empty and of one length, got {tuple(text_ids.shape)} "
+                f"and {tuple(codec_ids.shape)}"
+            )
+        _check_range("text_ids", torch.cat([text_ids, trailing_ids.to(torch.long)]), 0, self.cfg.text_vocab_size)
+        _check_range("codec_ids", codec_ids, NO_CODEC, self.cfg.vocab_size)
+        device = self.codec_head.weight.device
+        with torch.inference_mode():
+            text_ids, codec_ids = text_ids.to(device), codec_ids.to(device)
+            codec = self.model.codec_embedding(codec_ids.clamp(min=0))
+            codec = codec * (codec_ids >= 0).unsqueeze(-1).to(codec.dtype)
+            return self.text_embeds(text_ids) + codec
+
+    def text_embeds(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.text_projection(self.model.text_embedding(ids))
+
+    def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
+        device = self.codec_head.weight.device
+        # A cache replay (after preemption) concatenates inputs without kwargs; its
+        # outputs are discarded, so any text id does.
+        next_ids = [i.kwargs.get("next_text_id", self.tts_pad_id) for i in inputs]
+        return {
+            "input_embeds": torch.cat([i.input_embeds for i in inputs]).to(device=device, dtype=self.dtype),
+            "next_text_ids": torch.tensor(next_ids, dtype=torch.long).to(device),
+        }
+
+    def forward_batched(
+        self, graph_walk: str, engine_inputs: ModelInputsFromEngine, input_embeds: torch.Tensor, next_text_ids: torch.Tensor
+    ) -> BatchedModelOutput:
+        assert engine_inputs.positions is not None
+        cos, sin = rope_cos_sin(engine_inputs.positions, self.cfg.head_dim, self.cfg.rope_theta, input_embeds.dtype)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        x = input_embeds
+        for i, layer in enumerate(self.model.layers):
+            x = layer.forward_paged(x, cos, sin, engine_inputs.attention, i)
+        hidden = self.model.norm(x[engine_inputs.last_token_index.long()])
+        logits = self.codec_head(hidden).masked_fill(self.suppress_mask, float("-inf"))
+        region = {"hidden": hidden, "logits": logits}
+        runner = engine_inputs.piecewise_runners.get(PIECEWISE_LABEL)
+        out = runner(region) if runner is not None else self.sample_frame(region, engine_inputs.sampler)
+        next_embed = out["frame_embed"] + self.text_embeds(next_text_ids)
+        return BatchedModelOutput(row_outputs={"codes": out["codes"][:, None, :], "next_embed": next_embed[:, None, :]})
+
+    def sample_frame(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
+        """The captured region: first codebook (main sampler), the code predictor's depth
+        loop (aux sampler), and the frame's summed code embeddings."""
+        first = sampler.sample(static_inputs["logits"]).tokens
+        first_embed = self.model.codec_embedding(first)
+        residual, residual_embed = self.code_predictor(static_inputs["hidden"], first_embed, sampler)
+        codes = torch.cat([first[:, None], residual], dim=1)
+        return {"codes": codes, "frame_embed": first_embed + residual_embed}
+
+    def check_stop_batched(
+        self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput
+    ) -> BatchedStopCheck:
+        firsts = outputs.row_outputs["codes"][:, 0, 0].tolist()
+        eos = self.cfg.codec_eos_token_id
+        checks: dict[str, StopCheck] = {}
+        for rid, info, tok in zip(request_ids, infos, firsts, strict=True):
+            params = info.sampling
+            assert params is not None
+            ends = (tok == eos and not params.ignore_eos) or tok in params.stop_token_ids
+            last = info.num_generated + 1 >= params.max_tokens
+            if ends:
+                checks[rid] = StopCheck(frozenset({STOP_ALL}), ("codes", "next_embed"), "stop")
+            elif tok == eos:  # ignore_eos: keep going, but an EOS frame has no audio
+                checks[rid] = StopCheck(frozenset({STOP_ALL}) if last else frozenset(), ("codes",), "length" if last else None)
+            elif last:
+                checks[rid] = StopCheck(frozenset({STOP_ALL}), (), "length")
+        return BatchedStopCheck(checks)
+
+
+def _check_range(name: str, ids: torch.Tensor, low: int, high: int) -> None:
+    if ids.numel() and (int(ids.min()) < low or int(ids.max()) >= high):
+        raise ValueError(f"{name} must lie in [{low}, {high}), got values in [{int(ids.min())}, {int(ids.max())}]")

@@ -1,0 +1,77 @@
+"""The Qwen3 decoder layer with QK-norm, used by the talker (paged KV cache through the
+engine's attention backend) and the code predictor (a short dense cache per frame)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mstar_qwen3tts.config import TransformerConfig
+from mstar_qwen3tts.layers import GatedMLP, RMSNorm, apply_rope
+
+
+class QKNormAttention(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # per head, before RoPE
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` [..., T, H] → q [..., T, Hq, D], k/v [..., T, Hkv, D] with RoPE applied."""
+        lead = x.shape[:-1]
+        q = self.q_norm(self.q_proj(x).view(*lead, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward_paged(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Any, layer: int) -> torch.Tensor:
+        """Flat tokens [T, H] through the engine's planned paged attention."""
+        q, k, v = self.qkv(x, cos, sin)
+        return self.o_proj(attn.run(layer, q, k, v).reshape(x.shape[0], -1))
+
+    def forward_dense(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Batched [B, T, H] with a dense per-call cache [k, v] of [B, Hkv, S, D]; the new
+        tokens follow the cached ones and attend causally."""
+        t = x.shape[1]
+        if cache is not None and t > 1:
+            raise ValueError("a cached dense call takes one new token")
+        q, k, v = self.qkv(x, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=cache is None and t > 1, enable_gqa=self.num_heads != self.num_kv_heads
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1)), [k, v]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = QKNormAttention(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward_paged(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Any, layer: int) -> torch.Tensor:
+        x = x + self.self_attn.forward_paged(self.input_layernorm(x), cos, sin, attn, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_dense(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        h, cache = self.self_attn.forward_dense(self.input_layernorm(x), cos, sin, cache)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
