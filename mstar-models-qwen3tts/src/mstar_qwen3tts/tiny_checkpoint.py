@@ -250,7 +250,7 @@ def write_checkpoint(
     decoder = _randomize(CodecNode(cfg.codec).state_dict(), gen)
     out_conv = f"decoder.decoder.{len(cfg.codec.upsample_rates) + 2}.conv"
     for key in (f"{out_conv}.weight", f"{out_conv}.bias"):
-        decoder[key] = decoder[key] * 0.15  # keep the waveform mostly inside [-1, 1] (no clipping)
+        decoder[key] = decoder[key] * 0.07  # keep the waveform mostly inside [-1, 1] (no clipping)
     save_file({f"talker.{k}": v for k, v in talker.items()}, str(path / "model.safetensors"))
     save_file(decoder, str(path / "speech_tokenizer" / "model.safetensors"))
     return path

@@ -1,0 +1,80 @@
+"""Helpers shared by the qwen3tts tests."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from mstar import Engine
+from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
+from mstar_qwen3tts.prompt import assistant_text, build_prompt
+from mstar_qwen3tts.text_tokenizer import encode, load_tokenizer
+
+AUX = "code_predictor"
+
+
+def sampling(main: dict[str, Any] | None = None, aux: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"talker": {"main": dict(main or {}), "aux": {AUX: dict(aux or {})}}}
+
+
+def greedy(max_tokens: int, **main: Any) -> dict[str, Any]:
+    return sampling({"temperature": 0.0, "max_tokens": max_tokens, **main}, {"temperature": 0.0})
+
+
+@cache
+def _tokenizer(ckpt: str) -> Any:
+    return load_tokenizer(Path(ckpt))
+
+
+@cache
+def _config(ckpt: str) -> Qwen3TTSConfig:
+    return Qwen3TTSConfig.from_dict(load_config(Path(ckpt)))
+
+
+def token_ids(ckpt: Path, text: str) -> list[int]:
+    return encode(_tokenizer(str(ckpt)), assistant_text(text))
+
+
+def speech_inputs(
+    ckpt: Path, text: str, speaker: str = "vivian", language: str = "auto", non_streaming_mode: bool = True
+) -> dict[str, torch.Tensor]:
+    cfg = _config(str(ckpt))
+    return build_prompt(cfg, token_ids(ckpt, text), speaker, language, non_streaming_mode).inputs()
+
+
+def frames(result: Any, groups: int) -> torch.Tensor:
+    """A collected result's codes as [frames, groups]."""
+    return result.cat("codes").reshape(-1, groups)
+
+
+class LogitRecorder:
+    """Forward hooks on an engine's talker head and code-predictor heads (run one request
+    at a time while recording)."""
+
+    def __init__(self, engine: Engine) -> None:
+        talker = engine.core.nodes["talker"].submodule
+        self.talker: list[torch.Tensor] = []
+        self.predictor: list[torch.Tensor] = []
+        self.groups = len(talker.code_predictor.lm_head)
+        self._handles = [talker.codec_head.register_forward_hook(lambda m, a, o: self.talker.append(o.clone()))]
+        self._handles += [
+            head.register_forward_hook(lambda m, a, o: self.predictor.append(o.clone()))
+            for head in talker.code_predictor.lm_head
+        ]
+
+    def talker_logits(self) -> torch.Tensor:
+        """[steps, V] (batch of one)."""
+        return torch.cat(self.talker)
+
+    def predictor_logits(self) -> torch.Tensor:
+        """[frames, groups - 1, codebook] (batch of one)."""
+        return torch.cat(self.predictor).reshape(-1, self.groups, self.predictor[0].shape[-1])
+
+    def __enter__(self) -> LogitRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
