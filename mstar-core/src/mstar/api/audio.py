@@ -20,7 +20,9 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     import soundfile as sf
 
     buf = io.BytesIO()
-    audio = np.asarray(samples, dtype=np.float32).reshape(-1)
+    # The same 16-bit samples as "pcm": libsndfile's own float conversion scales negative
+    # samples by 32768 and rounds, so a WAV would differ from the PCM of one request.
+    audio = np.frombuffer(to_pcm16(samples), dtype="<i2")
     sf.write(buf, audio, sample_rate, format=fmt.upper(), subtype="PCM_16")
     return buf.getvalue()
 
