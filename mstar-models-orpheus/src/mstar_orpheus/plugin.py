@@ -153,3 +153,12 @@ def mstar_piecewise_graph_configs(model_name: str, node: str, submodule: Any) ->
     if node != "lm":
         return {}
     return {"head": PiecewiseGraphConfig("head", submodule.sample_head, ("hidden",), uses_sampler=True)}
+
+
+@hookimpl
+def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None) -> Any:
+    from mstar_orpheus.adapter import OrpheusApiAdapter
+
+    if checkpoint_dir is None:
+        raise ValueError("the Orpheus API adapter needs the checkpoint directory (its tokenizer.json)")
+    return OrpheusApiAdapter(config, checkpoint_dir)
