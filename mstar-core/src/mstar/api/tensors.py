@@ -16,6 +16,9 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
+_NUMPY_OK = {d for n, d in _DTYPES.items() if n != "bfloat16"}
+
+
 def dtype_from_name(name: str) -> torch.dtype:
     dtype = _DTYPES.get(name.removeprefix("torch."))
     if dtype is None:
@@ -28,6 +31,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def tensor_to_bytes(t: torch.Tensor) -> bytes:
+    if t.device.type == "cpu" and t.dtype in _NUMPY_OK and not t.requires_grad:
+        return t.numpy().tobytes()  # the fast path: one copy, C order whatever the strides
     # A uint8 view works for every dtype (bfloat16 has no numpy twin).
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""

@@ -21,12 +21,13 @@ import click
 @click.option("--max-body-bytes", default=32 << 20, show_default=True, type=int, help="Larger request bodies get 413.")
 @click.option("--preprocess-workers", default=None, type=click.IntRange(min=0), help="Preprocess pool size (0: preprocess inline).")
 @click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE", help="An EngineConfig field, e.g. kv_budget_bytes=67108864 (repeatable).")
+@click.option("--engine-threads", default=None, type=click.IntRange(min=1), help="torch intra-op threads per engine process (default: torch's).")
 @click.option("--shm-threshold", default=None, type=int, hidden=True, help="Tensors of at least this many bytes go through shared memory.")
 @click.option("--device", default="cpu", show_default=True, help="Device of the default placement's groups.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model: str, weights: str | None, random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
           max_concurrency: int, max_queue: int, request_timeout: float, max_body_bytes: int, preprocess_workers: int | None,
-          engine_options: tuple[str, ...], shm_threshold: int | None, device: str, log_level: str) -> None:
+          engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str, log_level: str) -> None:
     """Serve MODEL over HTTP with an OpenAI-compatible API."""
     from mstar.server.config import ServerConfig
     from mstar.server.launcher import run_server
@@ -34,7 +35,7 @@ def serve(model: str, weights: str | None, random_weights: bool, placement: str 
     config = ServerConfig(
         model=model, weights=weights, random_weights=random_weights, placement=placement, host=host, port=port,
         api_key=api_key, max_concurrency=max_concurrency, max_queue=max_queue, request_timeout_s=request_timeout,
-        max_body_bytes=max_body_bytes, log_level=log_level, device=device, engine_options=_parse_options(engine_options),
+        max_body_bytes=max_body_bytes, log_level=log_level, device=device, engine_options=_parse_options(engine_options), engine_threads=engine_threads,
     )
     if preprocess_workers is not None:
         config.preprocess_workers = preprocess_workers

@@ -26,5 +26,6 @@ class ServerConfig:
     device: str = "cpu"
     preprocess_workers: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) // 2)))
     shm_threshold: int = DEFAULT_SHM_THRESHOLD
+    engine_threads: int | None = None  # torch intra-op threads per engine process
     engine_options: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
     startup_timeout_s: float = 600.0

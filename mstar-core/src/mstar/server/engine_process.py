@@ -53,8 +53,10 @@ class EngineProcessSpec(msgspec.Struct):
     log_level: str = "info"
     engine_options: dict[str, Any] = {}
     stats_interval_s: float = 0.1
+    torch_threads: int | None = None  # intra-op threads of this engine (None: torch's default)
 
 
+SEND_COALESCE_S = 0.0005
 _STOP = object()  # tells the sender thread to flush and exit
 
 
@@ -135,6 +137,10 @@ class EngineWorker:
         from mstar.engine.engine import Engine
         from mstar.plugins.loading import load_model
 
+        if self.spec.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.spec.torch_threads)
         loaded = load_model(self.spec.model)
         config = EngineConfig(device=self.spec.device, nodes=tuple(self.spec.nodes), **self.spec.engine_options)
         ckpt = Path(self.spec.checkpoint_dir)
@@ -203,6 +209,10 @@ class EngineWorker:
                     items = [self.outbox.get(timeout=self.spec.stats_interval_s)]
                 except queue.Empty:
                     items = []
+                if items and self.engine is not None and len(self.engine.core.running) > 1:
+                    # Let the engine thread finish handing out this step's outputs: one
+                    # message per step, and no GIL ping-pong per output.
+                    time.sleep(SEND_COALESCE_S)
                 while True:
                     try:
                         items.append(self.outbox.get_nowait())

@@ -46,7 +46,19 @@ def _ping() -> bool:
 
 def _run_in_worker(endpoint: str, request: Any) -> EngineRequest:
     assert _worker_adapter is not None, "preprocess worker not initialised"
-    return getattr(_worker_adapter, _METHODS[endpoint])(request)
+    out: EngineRequest = getattr(_worker_adapter, _METHODS[endpoint])(request)
+    # Plain arrays back: pickled torch tensors travel as shared file descriptors, which
+    # costs more than the bytes of a typical prompt.
+    out.inputs = {k: _plain(v) for k, v in out.inputs.items()}
+    return out
+
+
+def _plain(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.dtype != torch.bfloat16:
+        return value.detach().cpu().numpy()
+    return value
 
 
 class PreprocessPool:

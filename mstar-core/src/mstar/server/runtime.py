@@ -117,6 +117,7 @@ class ServerRuntime:
                 parent_pid=os.getpid(),
                 log_level=self.config.log_level,
                 engine_options=dict(self.config.engine_options),
+                torch_threads=self.config.engine_threads,
             )
             self.engines[group.name] = EngineHandle(spec, self.zctx)
         self._receiver = asyncio.create_task(self._receive_loop())
