@@ -214,6 +214,27 @@ def _randomize(state: Mapping[str, torch.Tensor], gen: torch.Generator) -> dict[
     return out
 
 
+def _normalize_output(cfg: Any, decoder: dict[str, torch.Tensor], target_std: float = 0.15) -> None:
+    """Scale the codec's output conv so random codes give a waveform of ``target_std``:
+    audible, and clear of the [-1, 1] clamp (clipped audio would hide differences)."""
+    from mstar_qwen3tts.codec_node import CodecNode
+
+    node = CodecNode(cfg.codec)
+    node.load_state_dict(decoder)
+    out_conv = node.decoder.decoder[-1]
+    seen: list[torch.Tensor] = []
+    handle = out_conv.register_forward_hook(lambda m, a, o: seen.append(o))
+    codes = torch.randint(0, cfg.codec.codebook_size, (1, cfg.codec.num_quantizers, 16),
+                          generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        node.decoder(codes)
+    handle.remove()
+    scale = target_std / float(seen[0].std())
+    prefix = f"decoder.decoder.{len(node.decoder.decoder) - 1}.conv"
+    for key in (f"{prefix}.weight", f"{prefix}.bias"):
+        decoder[key] = decoder[key] * scale
+
+
 def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     """A digest of names, shapes and bytes (independent of the file's header layout)."""
     h = hashlib.sha256()
@@ -248,9 +269,7 @@ def write_checkpoint(
     gen = torch.Generator().manual_seed(seed)
     talker = _randomize(Talker(cfg).state_dict(), gen)
     decoder = _randomize(CodecNode(cfg.codec).state_dict(), gen)
-    out_conv = f"decoder.decoder.{len(cfg.codec.upsample_rates) + 2}.conv"
-    for key in (f"{out_conv}.weight", f"{out_conv}.bias"):
-        decoder[key] = decoder[key] * 0.07  # keep the waveform mostly inside [-1, 1] (no clipping)
+    _normalize_output(cfg, decoder)
     save_file({f"talker.{k}": v for k, v in talker.items()}, str(path / "model.safetensors"))
     save_file(decoder, str(path / "speech_tokenizer" / "model.safetensors"))
     return path
