@@ -1,0 +1,78 @@
+"""Engine properties on qwen3tts: batched == alone, chunked prefill and preemption change
+nothing, a bad request fails alone, EOS ends the utterance (withheld from the codec)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from qwen3tts_helpers import frames, greedy, sampling, speech_inputs
+
+TEXTS = [
+    ("A first sentence to say.", "vivian", "english", True),
+    ("Second, said incrementally.", "ryan", "auto", False),
+    ("你好, 第三个.", "eric", "chinese", True),
+    ("Fourth one, quite a bit longer than the others so its prefill is long too.", "dylan", "auto", False),
+]
+
+
+@pytest.fixture(scope="module")
+def requests(tiny_ckpt):
+    return [
+        {"inputs": speech_inputs(tiny_ckpt, *t), "sampling": sampling({"seed": 10 + i, "max_tokens": 10 + 3 * i}, {})}
+        for i, t in enumerate(TEXTS)
+    ]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_engine, requests):
+    return [tiny_engine.run_batch([r])[0] for r in requests]
+
+
+def _same(a, b) -> None:
+    assert a.error is None and b.error is None, (a.error, b.error)
+    assert torch.equal(a.cat("codes"), b.cat("codes"))
+    assert torch.equal(a.cat("audio"), b.cat("audio"))
+    assert a.finish_reason == b.finish_reason
+
+
+def test_batched_equals_alone(tiny_engine, requests, alone) -> None:
+    for got, want in zip(tiny_engine.run_batch(requests), alone, strict=True):
+        _same(got, want)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_num_batched_tokens": 8},  # long prompts prefill in chunks
+        {"kv_budget_bytes": 20 * 1024, "block_size": 4},  # 20 blocks of 1 KiB: preemption
+        {"mixed_batches": False, "piecewise_graphs": False},
+    ],
+    ids=["chunked-prefill", "preemption", "no-mixed-no-piecewise"],
+)
+def test_scheduling_changes_nothing(engines, tiny_ckpt, requests, alone, options) -> None:
+    engine = engines(tiny_ckpt, **options)
+    for got, want in zip(engine.run_batch(requests), alone, strict=True):
+        _same(got, want)
+    if "kv_budget_bytes" in options:
+        assert engine.core.stats.preemptions > 0
+
+
+def test_a_bad_request_fails_alone(tiny_engine, requests, alone) -> None:
+    bad = {**requests[0], "inputs": {**requests[0]["inputs"], "codec_ids": requests[0]["inputs"]["codec_ids"] + 10**6}}
+    results = tiny_engine.run_batch([bad, requests[1]])
+    assert results[0].finish_reason == "error" and "codec_ids" in results[0].error
+    _same(results[1], alone[1])
+
+
+def test_eos_ends_the_utterance_and_is_withheld(tiny_engine, tiny_ckpt, tiny_cfg) -> None:
+    """Greedy with a high repetition penalty until some request meets EOS: its last frame
+    carries no EOS code, and the codec decodes exactly the frames emitted."""
+    eos = tiny_cfg.talker.codec_eos_token_id
+    for text in ("Stop.", "Stop here please.", "And now stop.", "Stopping is a thing."):
+        result = tiny_engine.run_batch([{"inputs": speech_inputs(tiny_ckpt, text), "sampling": greedy(48, repetition_penalty=2.0)}])[0]
+        if result.finish_reason == "stop":
+            break
+    assert result.finish_reason == "stop", "no text met EOS; pick another"
+    codes = frames(result, tiny_cfg.talker.num_code_groups)
+    assert (codes[:, 0] != eos).all() and len(codes) >= 2  # min_tokens keeps two frames
+    assert result.cat("audio").numel() == len(codes) * tiny_cfg.codec.samples_per_frame
