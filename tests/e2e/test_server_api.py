@@ -294,3 +294,27 @@ def test_still_healthy_after_errors(server, client):
     assert server.health().status_code == 200
     assert client.chat.completions.create(model="toy", messages=messages(), max_tokens=3).choices[0].message.content is not None
     assert server.metric("mstar_requests_total", endpoint="/v1/chat/completions", status="400") > 0
+
+
+# ---- mstar.client ---------------------------------------------------------------------------
+
+
+def test_mstar_client(server, client):
+    from mstar.client import Client, MstarAPIError
+
+    with Client(server.url, api_key=API_KEY) as c:
+        assert c.models() == ["toy"] and c.health()["healthy"]
+        whole = c.chat(messages(), max_tokens=10, temperature=0)
+        text = whole["choices"][0]["message"]["content"]
+        assert "".join(c.chat_stream(messages(), max_tokens=10, temperature=0)) == text
+        wav = c.speech("client speech", seed=1, max_tokens=8)
+        assert sf.read(io.BytesIO(wav))[1] == 8000
+        pcm = c.speech("client speech", seed=1, max_tokens=8, response_format="pcm")
+        assert b"".join(c.speech_stream("client speech", seed=1, max_tokens=8)) == pcm
+        out = c.generate({"prompt_ids": torch.tensor([256, 1, 2, 3])}, sampling={"seed": 2, "max_tokens": 5})
+        assert out.outputs["token"].shape == (5,) and out.seeds == {"lm": 2}
+        streamed = list(c.generate_stream({"prompt_ids": [256, 1, 2, 3]}, sampling={"seed": 2, "max_tokens": 5}, signals=["token"]))
+        assert torch.equal(torch.cat([t for _, t in streamed]), out.outputs["token"])
+        with pytest.raises(MstarAPIError) as err:
+            c.chat(messages(), temperature=-1)
+        assert err.value.status == 400 and err.value.param == "temperature"
