@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+from mstar.server.placement import (
+    PlacementError,
+    load_placement,
+    parse_placement,
+    validate_placement,
+)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    from mstar_toy.config import DEFAULT_CONFIG
+    from mstar_toy.plugin import build_graph
+
+    return build_graph(DEFAULT_CONFIG)
+
+
+def test_default_placement_is_one_group(graph):
+    p = load_placement(None, {"lm": "0", "decoder": "0"}, "cpu")
+    validate_placement(p, graph)
+    assert [(g.name, g.device, set(g.nodes)) for g in p.groups] == [("0", "cpu", {"lm", "decoder"})]
+    assert p.stream_routes(graph) == {"codes": "0"}
+
+
+def test_default_placement_on_accelerator_uses_group_index():
+    p = load_placement(None, {"lm": "0", "decoder": "1"}, "cuda")
+    assert [g.device for g in p.groups] == ["cuda:0", "cuda:1"]
+
+
+def test_two_groups_route_the_stream_to_the_decoder(graph, tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("groups:\n  a: {device: cpu, nodes: [lm]}\n  b: {nodes: [decoder]}\n")
+    p = load_placement(path, {}, "cpu")
+    validate_placement(p, graph)
+    assert p.stream_routes(graph) == {"codes": "b"}
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"groups": {"a": {"nodes": ["lm", "nope"]}}}, "unknown node 'nope'"),
+        ({"groups": {"a": {"nodes": ["lm"]}, "b": {"nodes": ["lm", "decoder"]}}}, "placed in two groups"),
+        ({"groups": {"a": {"nodes": ["lm"]}}}, r"\['decoder'\] are placed in no group"),
+    ],
+)
+def test_invalid_placements(graph, data, match):
+    with pytest.raises(PlacementError, match=match):
+        validate_placement(parse_placement(data), graph)
+
+
+@pytest.mark.parametrize("data", [None, {"groups": {}}, {"groups": {"a": {"nodes": []}}}, {"groups": {"a": {"nodes": ["x"], "gpu": 1}}}])
+def test_malformed_yaml(data):
+    with pytest.raises(PlacementError):
+        parse_placement(data)

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from mstar.api.errors import ApiError
+from mstar.server.messages import AbortRequest, AddRequest, CloseStream, Event, PushStream
+from mstar.server.router import Finished, Router
+from mstar.server.tensor_codec import TensorCodec
+
+
+class FakeEngine:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sent: list = []
+        self.down_reason: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.down_reason is None
+
+    def send(self, cmd) -> None:
+        self.sent.append(cmd)
+
+
+@pytest.fixture
+def setup():
+    engines = {"a": FakeEngine("a"), "b": FakeEngine("b")}
+    codec = TensorCodec("mstar_routertest_", threshold=1 << 20)
+    return Router(engines, {"codes": "b"}, codec), engines, codec
+
+
+def drain(stream) -> list:
+    async def run():
+        items = []
+        while True:
+            batch = await stream.next_batch()
+            items += batch
+            if isinstance(batch[-1], Finished):
+                return items
+
+    return asyncio.run(run())
+
+
+def test_request_goes_to_every_engine_and_streams_are_forwarded(setup):
+    router, engines, codec = setup
+    stream = router.submit("r", {"ids": torch.tensor([1, 2])}, {}, {}, ["token"])
+    assert all(isinstance(e.sent[0], AddRequest) and e.sent[0].signals == ["token"] for e in engines.values())
+    item = torch.tensor([[3, 4]])
+    router.on_events("a", [
+        Event("r", "token", codec.encode(torch.tensor([7]))),
+        Event("r", "codes", codec.encode(item), stream_item=True),
+        Event("r", "codes", stream_closed=True),
+        Event("r", finished=True, finish_reason="length"),
+    ])
+    push, close = engines["b"].sent[1:]
+    assert isinstance(push, PushStream) and torch.equal(codec.decode(push.value), item)
+    assert isinstance(close, CloseStream) and close.signal == "codes"
+    router.on_events("b", [Event("r", "audio", codec.encode(torch.ones(3))), Event("r", finished=True, finish_reason="stop")])
+    items = drain(stream)
+    assert [s for s, _ in items[:-1]] == ["token", "audio"]
+    assert items[-1] == Finished("length")  # the telling reason beats "stop"
+    assert "r" not in router.streams
+
+
+def test_an_error_in_one_engine_fails_the_request_and_aborts_the_others(setup):
+    router, engines, _ = setup
+    stream = router.submit("r", {}, {}, {}, None)
+    router.on_events("b", [Event("r", finished=True, finish_reason="error", error="boom")])
+    assert drain(stream)[-1] == Finished("error", "boom", 500)
+    assert isinstance(engines["a"].sent[-1], AbortRequest)
+
+
+def test_engine_down_fails_its_requests_and_refuses_new_ones(setup):
+    router, engines, _ = setup
+    stream = router.submit("r", {}, {}, {}, None)
+    engines["a"].down_reason = "was killed by signal 9"
+    router.engine_down("a", "was killed by signal 9")
+    fin = drain(stream)[-1]
+    assert fin.reason == "error" and fin.status == 503 and "signal 9" in fin.error
+    assert isinstance(engines["b"].sent[-1], AbortRequest)
+    with pytest.raises(ApiError) as err:
+        router.submit("r2", {}, {}, {}, None)
+    assert err.value.status == 503
+
+
+def test_abort_and_late_events_are_ignored(setup):
+    router, engines, codec = setup
+    router.submit("r", {}, {}, {}, None)
+    router.abort("r")
+    assert all(isinstance(e.sent[-1], AbortRequest) for e in engines.values())
+    router.on_events("a", [Event("r", "token", codec.encode(torch.tensor([1]))), Event("r", finished=True)])
+    assert router.streams == {}
