@@ -76,3 +76,32 @@ def test_eos_ends_the_utterance_and_is_withheld(tiny_engine, tiny_ckpt, tiny_cfg
     codes = frames(result, tiny_cfg.talker.num_code_groups)
     assert (codes[:, 0] != eos).all() and len(codes) >= 2  # min_tokens keeps two frames
     assert result.cat("audio").numel() == len(codes) * tiny_cfg.codec.samples_per_frame
+
+
+def _collect(handle) -> dict[str, list[torch.Tensor]]:
+    signals: dict[str, list[torch.Tensor]] = {}
+    while True:
+        out = handle.queue.get()
+        if out.signal is not None:
+            signals.setdefault(out.signal, []).append(out.data)
+        if out.finished:
+            assert out.error is None, out.error
+            return signals
+
+
+def test_arrivals_mid_decode_share_mixed_steps(engines, tiny_ckpt, requests, alone) -> None:
+    """A request arriving while another decodes prefills in the same forward (mixed batch)."""
+    engine = engines(tiny_ckpt, max_num_batched_tokens=4096)
+    first = engine.add_request(**requests[3])
+    seen = []
+    while len(seen) < 3:  # let it decode a few frames first
+        out = first.queue.get()
+        if out.signal is not None:
+            seen.append(out)
+    second = engine.add_request(**requests[0])
+    late, rest = _collect(second), _collect(first)
+    assert torch.equal(torch.cat(late["codes"]), alone[0].cat("codes"))
+    assert torch.equal(torch.cat(late["audio"]), alone[0].cat("audio"))
+    codes = torch.cat([o.data for o in seen if o.signal == "codes"] + rest["codes"])
+    assert torch.equal(codes, alone[3].cat("codes"))
+    assert engine.core.stats.forwards_by_group.get("talker:mixed", 0) > 0
