@@ -207,19 +207,24 @@ def test_32_concurrent_streams_equal_alone(server):
     assert together == alone
 
 
-def test_client_disconnect_aborts_and_frees_kv(server, http):
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_aborts_and_frees_kv(server, http, stream):
     aborted_before = _metric_or_zero(server, "mstar_request_finish_total", reason="abort")
-    body = {"model": "toy", "messages": messages("a long one"), "max_tokens": 450, "temperature": 0, "ignore_eos": True, "stream": True}
-    with http.stream("POST", "/v1/chat/completions", json=body) as r:
-        for i, _ in enumerate(r.iter_lines()):
-            if i >= 6:
-                break
+    body = {"model": "toy", "messages": messages("a long one"), "max_tokens": 450, "temperature": 0, "ignore_eos": True, "stream": stream}
+    if stream:
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 6:
+                    break
+    else:  # the client gives up while the whole answer is being generated
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/chat/completions", json=body, timeout=0.3)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         used = server.metric("mstar_kv_blocks_used")
         if used == 0 and _metric_or_zero(server, "mstar_request_finish_total", reason="abort") > aborted_before:
             break
-        time.sleep(0.1)
+        time.sleep(0.05)
     assert server.metric("mstar_kv_blocks_used") == 0
     assert server.metric("mstar_kv_blocks_total") > 0
     assert _metric_or_zero(server, "mstar_request_finish_total", reason="abort") == aborted_before + 1

@@ -63,16 +63,16 @@ def _routes(app: FastAPI, rt: ServerRuntime) -> None:
         return ModelCard(id=rt.model_name, created=rt.created).model_dump()
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest) -> Response:
-        return await chat_completions(rt, body)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        return await chat_completions(rt, body, request.receive)
 
     @app.post("/v1/audio/speech")
-    async def audio_speech(body: SpeechRequest) -> Response:
-        return await speech(rt, body)
+    async def audio_speech(body: SpeechRequest, request: Request) -> Response:
+        return await speech(rt, body, request.receive)
 
     @app.post("/v1/generate")
-    async def native_generate(body: GenerateRequest) -> Response:
-        return await generate(rt, body)
+    async def native_generate(body: GenerateRequest, request: Request) -> Response:
+        return await generate(rt, body, request.receive)
 
     @app.get("/health")
     async def health() -> Response:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
 
 from mstar import __version__
 from mstar.api.adapter import CHAT, not_served
@@ -19,7 +20,7 @@ from mstar.api.sampling import request_sampling
 from mstar.server.execution import Execution
 from mstar.server.output_tracker import OutputTracker
 from mstar.server.runtime import ServerRuntime
-from mstar.server.streaming import SSE_DONE, ManagedStreamingResponse, sse
+from mstar.server.streaming import SSE_DONE, ManagedStreamingResponse, abort_on_disconnect, sse
 
 SYSTEM_FINGERPRINT = f"mstar-{__version__}"
 
@@ -51,7 +52,7 @@ def check_chat_request(rt: ServerRuntime, req: ChatCompletionRequest) -> None:
         raise ApiError(400, "streamed audio is sent as pcm16; set audio.format to \"pcm16\"", param="audio.format")
 
 
-async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest) -> Response:
+async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest, receive: Receive) -> Response:
     check_chat_request(rt, req)
     adapter = rt.adapter
     sampling = request_sampling(
@@ -68,11 +69,12 @@ async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest) -> Res
     if req.stream:
         return ManagedStreamingResponse(_stream(rt, req, ex, out), ex.close, media_type="text/event-stream", headers=_headers(ex))
     try:
-        async for batch in ex.batches():
-            out.consume(batch)
-            if out.text.stopped:
-                ex.stop()
-                break
+        async with abort_on_disconnect(receive, ex.close):
+            async for batch in ex.batches():
+                out.consume(batch)
+                if out.text.stopped:
+                    ex.stop()
+                    break
         tail = out.finish()
     finally:
         ex.close()

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
 
 from mstar.api.adapter import GENERATE
 from mstar.api.errors import ApiError
@@ -15,14 +16,14 @@ from mstar.api.protocol import GenerateRequest
 from mstar.api.tensors import concat_signal, safetensors_bytes, tensor_to_json
 from mstar.server.execution import Execution
 from mstar.server.runtime import ServerRuntime
-from mstar.server.streaming import ManagedStreamingResponse, ndjson
+from mstar.server.streaming import ManagedStreamingResponse, abort_on_disconnect, ndjson
 
 
 def client_signals(rt: ServerRuntime) -> list[str]:
     return [name for name, sig in rt.graph.signals.items() if sig.to_client]
 
 
-async def generate(rt: ServerRuntime, req: GenerateRequest) -> Response:
+async def generate(rt: ServerRuntime, req: GenerateRequest, receive: Receive) -> Response:
     rt.check_model(req.model)
     known = client_signals(rt)
     if req.signals is not None:
@@ -38,9 +39,10 @@ async def generate(rt: ServerRuntime, req: GenerateRequest) -> Response:
         return ManagedStreamingResponse(_ndjson(ex), ex.close, media_type="application/x-ndjson", headers={"x-request-id": ex.request_id})
     outputs: dict[str, list[torch.Tensor]] = {}
     try:
-        async for batch in ex.batches():
-            for signal, value in batch:
-                outputs.setdefault(signal, []).append(value)
+        async with abort_on_disconnect(receive, ex.close):
+            async for batch in ex.batches():
+                for signal, value in batch:
+                    outputs.setdefault(signal, []).append(value)
     finally:
         ex.close()
     joined = {name: concat_signal(parts) for name, parts in outputs.items()}

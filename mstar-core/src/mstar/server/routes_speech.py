@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 from starlette.responses import Response
+from starlette.types import Receive
 
 from mstar.api.adapter import SPEECH, not_served
 from mstar.api.audio import MEDIA_TYPES, encode_audio, streaming_wav_header, to_pcm16
@@ -17,10 +18,10 @@ from mstar.api.sampling import request_sampling
 from mstar.server.execution import Execution
 from mstar.server.output_tracker import OutputTracker
 from mstar.server.runtime import ServerRuntime
-from mstar.server.streaming import ManagedStreamingResponse, sse
+from mstar.server.streaming import ManagedStreamingResponse, abort_on_disconnect, sse
 
 
-async def speech(rt: ServerRuntime, req: SpeechRequest) -> Response:
+async def speech(rt: ServerRuntime, req: SpeechRequest, receive: Receive) -> Response:
     adapter = rt.adapter
     rt.check_model(req.model)
     if not adapter.serves(SPEECH) or not adapter.audio_signal:
@@ -39,8 +40,9 @@ async def speech(rt: ServerRuntime, req: SpeechRequest) -> Response:
     if req.stream_format == "audio":
         return ManagedStreamingResponse(_raw(ex, out, req.response_format, sample_rate), ex.close, media_type=MEDIA_TYPES[req.response_format], headers=headers)
     try:
-        async for batch in ex.batches():
-            out.consume(batch)
+        async with abort_on_disconnect(receive, ex.close):
+            async for batch in ex.batches():
+                out.consume(batch)
         out.finish()
     finally:
         ex.close()

@@ -25,6 +25,24 @@ def ndjson(payload: Any) -> bytes:
     return _json.encode(payload) + b"\n"
 
 
+@contextlib.asynccontextmanager
+async def abort_on_disconnect(receive: Receive, on_disconnect: Callable[[], None]) -> AsyncIterator[None]:
+    """While a whole (non-streamed) response is being computed: a client that leaves
+    aborts its request at once instead of after generation ends."""
+
+    async def watch() -> None:
+        while True:  # the body is read already: what comes now is the disconnect
+            if (await receive())["type"] == "http.disconnect":
+                on_disconnect()
+                return
+
+    task = asyncio.ensure_future(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
 class ManagedStreamingResponse(StreamingResponse):
     """Calls ``on_close`` exactly once when the response ends for any reason. A client
     that disconnects is noticed at once (not at the next write), so its request is
