@@ -30,7 +30,7 @@ def serve(model: str, weights: str | None, random_weights: bool, placement: str 
           engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str, log_level: str) -> None:
     """Serve MODEL over HTTP with an OpenAI-compatible API."""
     from mstar.server.config import ServerConfig
-    from mstar.server.launcher import run_server
+    from mstar.server.launcher import ServeConfigError, run_server
 
     config = ServerConfig(
         model=model, weights=weights, random_weights=random_weights, placement=placement, host=host, port=port,
@@ -43,7 +43,11 @@ def serve(model: str, weights: str | None, random_weights: bool, placement: str 
         config.shm_threshold = shm_threshold
     if not weights and not random_weights:
         raise click.UsageError("give --weights DIR (a checkpoint directory) or --random-weights")
-    raise SystemExit(run_server(config))
+    try:
+        code = run_server(config)
+    except ServeConfigError as exc:
+        raise click.ClickException(" ".join(str(exc).split())) from exc
+    raise SystemExit(code)
 
 
 def _parse_options(items: tuple[str, ...]) -> dict[str, object]:

@@ -19,6 +19,10 @@ RANDOM_WEIGHTS_BANNER = """
 """
 
 
+class ServeConfigError(Exception):
+    """A mistake in the command line, checkpoint or placement (reported in one line)."""
+
+
 def resolve_checkpoint(config: ServerConfig) -> Path:
     from mstar.engine.engine import random_weights_dir
     from mstar.plugins.loading import load_model
@@ -59,7 +63,10 @@ def run_server(config: ServerConfig) -> int:
 
     _exit_cleanly_on_signals()
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    runtime = ServerRuntime(config, resolve_checkpoint(config))
+    try:
+        runtime = ServerRuntime(config, resolve_checkpoint(config))
+    except (OSError, ValueError) as exc:  # a bad checkpoint, placement or option: one line
+        raise ServeConfigError(f"cannot serve {config.model!r}: {exc}") from exc
     app = create_app(runtime)
     server = uvicorn.Server(
         uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5, access_log=False)
