@@ -37,6 +37,18 @@ class StartupError(RuntimeError):
     pass
 
 
+def _check_engine_options(options: dict[str, Any]) -> None:
+    """Fail in the API process, in one line, before spawning engines that would fail."""
+    from dataclasses import fields
+
+    from mstar.engine.builder import EngineConfig
+
+    allowed = {f.name for f in fields(EngineConfig)} - {"device", "nodes"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"unknown engine option(s) {unknown}; known: {sorted(allowed)}")
+
+
 class ServerRuntime:
     def __init__(self, config: ServerConfig, checkpoint_dir: Path) -> None:
         self.config = config
@@ -49,6 +61,7 @@ class ServerRuntime:
         self.node_samplers = self.loaded.hook.mstar_node_samplers(config=self.model_config) or {}
         self.placement: Placement = load_placement(config.placement, dict(self.spec.default_placement), config.device)
         validate_placement(self.placement, self.graph)
+        _check_engine_options(config.engine_options)
         self.created = int(time.time())
         self.metrics = ServerMetrics()
         self.admission = Admission(config.max_concurrency, config.max_queue, self._admission_changed)
