@@ -105,3 +105,30 @@ def test_arrivals_mid_decode_share_mixed_steps(engines, tiny_ckpt, requests, alo
     codes = torch.cat([o.data for o in seen if o.signal == "codes"] + rest["codes"])
     assert torch.equal(codes, alone[3].cat("codes"))
     assert engine.core.stats.forwards_by_group.get("talker:mixed", 0) > 0
+
+
+@pytest.fixture(scope="module")
+def eos_engine(engines, tiny_ckpt, tiny_cfg):
+    """An engine of its own whose talker always prefers EOS (once min_tokens allows it)."""
+    engine = engines(tiny_ckpt, max_num_seqs=8)
+    eos = tiny_cfg.talker.codec_eos_token_id
+
+    def prefer_eos(module, args, out):
+        out[:, eos] = 1e4
+        return out
+
+    engine.core.nodes["talker"].submodule.codec_head.register_forward_hook(prefer_eos)
+    return engine
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_eos_frames_never_reach_the_codec(eos_engine, tiny_ckpt, tiny_cfg, ignore_eos: bool) -> None:
+    main = {"temperature": 0.0, "max_tokens": 6, "ignore_eos": ignore_eos}
+    result = eos_engine.run_batch([{"inputs": speech_inputs(tiny_ckpt, "End."), "sampling": sampling(main, {"temperature": 0.0})}])[0]
+    assert result.error is None, result.error
+    codes = frames(result, tiny_cfg.talker.num_code_groups)
+    # min_tokens bars EOS for two frames, unless EOS is ignored (then it is no stop token).
+    kept = 0 if ignore_eos else 2
+    assert len(codes) == kept and (codes[:, 0] != tiny_cfg.talker.codec_eos_token_id).all()
+    assert result.finish_reason == ("length" if ignore_eos else "stop")
+    assert result.cat("audio").numel() == kept * tiny_cfg.codec.samples_per_frame

@@ -99,7 +99,7 @@ class Talker(ARNodeSubmodule):
                 f"text_ids and codec_ids must be non-empty and of one length, got {tuple(text_ids.shape)} "
                 f"and {tuple(codec_ids.shape)}"
             )
-        _check_range("text_ids", torch.cat([text_ids, trailing_ids.to(torch.long)]), 0, self.cfg.text_vocab_size)
+        _check_range("text_ids and trailing_ids", torch.cat([text_ids, trailing_ids.to(torch.long)]), 0, self.cfg.text_vocab_size)
         _check_range("codec_ids", codec_ids, NO_CODEC, self.cfg.vocab_size)
         device = self.codec_head.weight.device
         with torch.inference_mode():
