@@ -210,7 +210,8 @@ def test_32_concurrent_streams_equal_alone(server):
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_aborts_and_frees_kv(server, http, stream):
     aborted_before = _metric_or_zero(server, "mstar_request_finish_total", reason="abort")
-    body = {"model": "toy", "messages": messages("a long one"), "max_tokens": 450, "temperature": 0, "ignore_eos": True, "stream": stream}
+    # 480 tokens take far longer than the client waits (0.25 s) on any CPU.
+    body = {"model": "toy", "messages": messages("a long one"), "max_tokens": 480, "temperature": 0, "ignore_eos": True, "stream": stream}
     if stream:
         with http.stream("POST", "/v1/chat/completions", json=body) as r:
             for i, _ in enumerate(r.iter_lines()):
@@ -218,7 +219,7 @@ def test_client_disconnect_aborts_and_frees_kv(server, http, stream):
                     break
     else:  # the client gives up while the whole answer is being generated
         with pytest.raises(httpx.ReadTimeout):
-            http.post("/v1/chat/completions", json=body, timeout=0.3)
+            http.post("/v1/chat/completions", json=body, timeout=0.25)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         used = server.metric("mstar_kv_blocks_used")
