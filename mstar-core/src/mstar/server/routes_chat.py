@@ -20,7 +20,13 @@ from mstar.api.sampling import request_sampling
 from mstar.server.execution import Execution
 from mstar.server.output_tracker import OutputTracker
 from mstar.server.runtime import ServerRuntime
-from mstar.server.streaming import SSE_DONE, ManagedStreamingResponse, abort_on_disconnect, sse
+from mstar.server.streaming import (
+    SSE_DONE,
+    ManagedStreamingResponse,
+    abort_on_disconnect,
+    encode_json,
+    sse,
+)
 
 SYSTEM_FINGERPRINT = f"mstar-{__version__}"
 
@@ -126,7 +132,13 @@ async def _stream(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, 
     }
     audio_id = f"audio-{ex.request_id}"
 
+    # The hot path: the constant part of every chunk is encoded once per request.
+    head = sse(base)[:-3] + b',"choices":[{"index":0,"delta":'
+    tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        if finish is None:
+            return head + encode_json(delta) + tail
         return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
 
     def delta_of(text: str, audio: list[np.ndarray]) -> dict[str, Any]:

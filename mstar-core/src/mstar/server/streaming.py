@@ -13,6 +13,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 _json = msgspec.json.Encoder()
+encode_json = _json.encode
 
 SSE_DONE = b"data: [DONE]\n\n"
 
