@@ -29,7 +29,8 @@ def server(start_server, tmp_path_factory):
     # --shm-threshold 0: every tensor, forwarded stream items included, uses shared memory.
     srv = start_server(["--config", str(path), "--shm-threshold", "0", "--preprocess-workers", "1"])
     yield srv
-    assert srv.stop() == 0, srv.log_tail()
+    if srv.proc.poll() is None:
+        assert srv.stop() == 0, srv.log_tail()
     srv.assert_clean_exit()
 
 
@@ -69,3 +70,34 @@ def test_concurrent_speech_across_processes(server):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda _: httpx.post(f"{server.url}/v1/audio/speech", json=body, timeout=60).content, range(8)))
     assert alone and all(t == alone for t in together)
+
+
+def test_sigterm_with_streams_in_flight_exits_cleanly(server):
+    """Last in this module: SIGTERM while requests stream through both engine processes."""
+    import signal
+    import threading
+
+    ended: list[str] = []
+    started = threading.Barrier(3, timeout=30)
+
+    def stream() -> None:
+        body = {"model": "toy", "input": "x", "response_format": "pcm", "stream_format": "audio", "max_tokens": 480, "ignore_eos": True}
+        try:
+            with httpx.stream("POST", f"{server.url}/v1/audio/speech", json=body, timeout=30) as r:
+                for i, _ in enumerate(r.iter_raw()):
+                    if i == 2:
+                        started.wait()
+            ended.append("complete")
+        except httpx.HTTPError as exc:
+            ended.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=stream) for _ in range(2)]
+    for t in threads:
+        t.start()
+    started.wait()
+    assert server.stop(signal.SIGTERM, timeout=30) == 0, server.log_tail()
+    for t in threads:
+        t.join(15)
+        assert not t.is_alive()
+    assert len(ended) == 2
+    server.assert_clean_exit()
