@@ -139,6 +139,10 @@ def _steer_towards_audio(
     band_dims = torch.arange(1, 1 + TOKENS_PER_FRAME)
     first = tokens.custom_token_base + AUDIO_TOKEN_OFFSET
     band_ids = [torch.arange(first + k * codebook, first + (k + 1) * codebook) for k in range(TOKENS_PER_FRAME)]
+    # Quiet residual branches keep the band feature dominant in the residual stream at any width.
+    for name, tensor in state.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensor.mul_(0.1)
     embed, head = state["model.embed_tokens.weight"], state["lm_head.weight"]
     embed[:, band_dims] = 0.0
     for k, ids in enumerate(band_ids):
