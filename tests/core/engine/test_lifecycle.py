@@ -108,3 +108,16 @@ def test_empty_prompt_and_bad_ids_fail_alone(make_engine):
     assert "empty" in res[0].error
     assert "token ids must" in res[1].error and "259" in res[1].error
     assert res[2].error is None and len(res[2].cat("token")) > 0
+
+
+def test_errors_carry_a_type_and_stats_snapshot(make_engine):
+    engine = make_engine(kv_budget_bytes=512 * 16 * 4, block_size=16)  # 64 positions
+    res = engine.run_batch([
+        {"inputs": {"prompt_ids": torch.tensor([], dtype=torch.long)}, "sampling": GREEDY},
+        {"inputs": {"prompt_ids": torch.full((100,), 97)}, "sampling": GREEDY},
+    ])
+    assert res[0].error_type == "invalid_request"
+    assert res[1].error_type == "too_large" and "KV pool holds 64" in res[1].error
+    stats = engine.stats()
+    assert stats["kv"]["lm"] == {"used_blocks": 0, "total_blocks": 4}
+    assert stats["running"] == 0 and stats["waiting"] == 0

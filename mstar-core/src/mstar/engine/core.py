@@ -235,7 +235,7 @@ class EngineCore:
         for row in rows:
             res = results.get(row.req.id)
             if isinstance(res, BaseException):
-                self._fail(row.req, res)
+                self._fail(row.req, res, "internal")
             elif res is not None:
                 self._complete_row(node, row, res)
 
@@ -255,6 +255,8 @@ class EngineCore:
             try:
                 prepared = self._prepare(node, r)
             except Exception as exc:
+                # prepare_inputs reads the request's own inputs: its ValueErrors are the
+                # caller's; anything else is ours.
                 self._fail(r.req, exc)
                 continue
             if node.kind is EngineKind.STATELESS:
@@ -330,7 +332,7 @@ class EngineCore:
                 self._fail(req, ValueError(
                     f"input of {cached + remaining} positions exceeds the model's maximum length of "
                     f"{node.max_model_len}"
-                ))
+                ), "too_large")
             else:
                 req.finish_reason = req.finish_reason or "length"
                 self._stop_partition(req, r.partition)
@@ -357,7 +359,7 @@ class EngineCore:
                     self._fail(req, MemoryError(
                         f"request needs {needed} cache positions on node {node.name!r}; the KV "
                         f"pool holds {node.kv.num_blocks * node.kv.block_size}"
-                    ))
+                    ), "too_large")
                 return False
             self._preempt(node, self.policy.preemption_victim(holders))
         return True
@@ -391,7 +393,7 @@ class EngineCore:
             node.submodule.postprocess(req.id, info, outputs)
             check = row.stop_check if row.stop_check is not None else node.submodule.check_stop(req.id, info, outputs)
         except Exception as exc:
-            self._fail(req, exc)
+            self._fail(req, exc, "internal")
             return
         if not isinstance(check, StopCheck):
             check = StopCheck(frozenset(check))
@@ -471,10 +473,11 @@ class EngineCore:
                 self._emit(RequestOutput(req.id, finished=True, finish_reason="abort"))
                 self._release(req)
 
-    def _fail(self, req: Request, exc: BaseException) -> None:
+    def _fail(self, req: Request, exc: BaseException, error_type: str | None = None) -> None:
         req.error = f"{type(exc).__name__}: {exc}"
         log.info("request %s failed: %s", req.id, req.error)
-        self._emit(RequestOutput(req.id, finished=True, finish_reason="error", error=req.error))
+        kind = error_type or _error_type(exc)
+        self._emit(RequestOutput(req.id, finished=True, finish_reason="error", error=req.error, error_type=kind))
         if req.id in self.running:
             self._release(req)
 
@@ -497,3 +500,9 @@ class EngineCore:
 
     def _emit(self, out: RequestOutput) -> None:
         self._outputs.append(out)
+
+
+def _error_type(exc: BaseException) -> str:
+    """Input errors (a model's prepare_inputs or the sampler rejecting the request's own
+    values) are the caller's; everything else is an internal error."""
+    return "invalid_request" if isinstance(exc, ValueError | TypeError | KeyError | IndexError) else "internal"

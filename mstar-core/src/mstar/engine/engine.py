@@ -40,6 +40,7 @@ class CollectedOutput:
     signals: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     finish_reason: str | None = None
     error: str | None = None
+    error_type: str | None = None
     seeds: dict[str, int] = field(default_factory=dict)
 
     def cat(self, signal: str) -> torch.Tensor:
@@ -48,14 +49,34 @@ class CollectedOutput:
 
 
 def random_weights_dir(model: str, loaded: Any, root: Path | None = None) -> Path:
-    """Write (once) the plugin's tiny random checkpoint in its real layout and return it."""
+    """Write (once) the plugin's tiny random checkpoint in its real layout and return it.
+
+    The cache is keyed by the plugin's version and a digest of its package's source, so a
+    changed checkpoint writer never serves a stale checkpoint.
+    """
     root = root or Path.home() / ".cache" / "mstar" / "random-weights"
-    path = root / model
+    path = root / f"{model}-{_plugin_digest(loaded)}"
     if not (path / ".complete").exists():
         path.mkdir(parents=True, exist_ok=True)
         loaded.spec.write_tiny_checkpoint(path)
         (path / ".complete").touch()
     return path
+
+
+def _plugin_digest(loaded: Any) -> str:
+    import hashlib
+    import inspect
+    import sys
+
+    h = hashlib.blake2b(digest_size=8)
+    h.update(str(getattr(getattr(loaded, "installed", None), "version", "")).encode())
+    plugin = getattr(loaded, "plugin", None)
+    module = plugin if inspect.ismodule(plugin) else sys.modules.get(type(plugin).__module__)
+    file = getattr(module, "__file__", None)
+    if file:
+        for src in sorted(Path(file).parent.rglob("*.py")):
+            h.update(src.read_bytes())
+    return h.hexdigest()
 
 
 class Engine:
@@ -70,6 +91,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.fatal_error: str | None = None
+        self._step_listeners: list[Any] = []
 
     # ---- construction ---------------------------------------------------------------
     @classmethod
@@ -155,6 +177,28 @@ class Engine:
         self._wake.set()
         return RequestHandle(rid, {node: cfg.main.seed for node, cfg in configs.items()}, sink)
 
+    def stats(self) -> dict[str, Any]:
+        """A consistent snapshot for metrics, safe to call from any thread."""
+        with self._lock:
+            core = self.core
+            return {
+                "waiting": len(core.waiting),
+                "running": len(core.running),
+                "steps": core.stats.steps,
+                "preemptions": core.stats.preemptions,
+                "last_batch_size": core.stats.last_batch_size,
+                "kv": {
+                    name: {"used_blocks": n.kv.num_used_blocks, "total_blocks": n.kv.num_blocks}
+                    for name, n in core.nodes.items()
+                    if n.kv is not None
+                },
+            }
+
+    def add_step_listener(self, fn: Any) -> None:
+        """``fn()`` runs on the engine thread after each step's outputs were handed out,
+        so a transport can send one message per step."""
+        self._step_listeners.append(fn)
+
     def push_stream(self, request_id: str, signal: str, value: torch.Tensor) -> None:
         """Feed an item of a stream produced by another engine process."""
         with self._lock:
@@ -209,7 +253,7 @@ class Engine:
                 if out.signal is not None and out.data is not None and not out.stream_item:
                     col.signals.setdefault(out.signal, []).append(out.data)
                 if out.finished:
-                    col.finish_reason, col.error = out.finish_reason, out.error
+                    col.finish_reason, col.error, col.error_type = out.finish_reason, out.error, out.error_type
                     break
             results.append(col)
         return results
@@ -229,7 +273,10 @@ class Engine:
                 except Exception as exc:  # an engine bug: fail everything in flight, loudly
                     log.exception("engine step failed")
                     self.fatal_error = f"{type(exc).__name__}: {exc}"
-                    outputs = [RequestOutput(rid, finished=True, finish_reason="error", error=self.fatal_error) for rid in self._queues]
+                    outputs = [
+                        RequestOutput(rid, finished=True, finish_reason="error", error=self.fatal_error, error_type="internal")
+                        for rid in self._queues
+                    ]
                     self._closed = True
                 for out in outputs:
                     q = self._queues.get(out.request_id)
@@ -241,6 +288,9 @@ class Engine:
                             self.core.abort(out.request_id)
                     if out.finished:
                         self._queues.pop(out.request_id, None)
+                if outputs:
+                    for fn in self._step_listeners:
+                        fn()
             if not busy:
                 self._wake.wait(0.05)
                 self._wake.clear()

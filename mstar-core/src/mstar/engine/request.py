@@ -35,6 +35,9 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    # "invalid_request" (bad input: the caller's fault), "too_large" (can never fit this
+    # engine's KV pool) or "internal"; None without an error.
+    error_type: str | None = None
     stream_item: bool = False  # an item of a stream consumed in another engine process
     stream_closed: bool = False  # that stream ended
 
