@@ -106,3 +106,23 @@ def test_not_an_orpheus_checkpoint(ckpt, tmp_path):
     (plain / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ValueError, match="not an Orpheus tokenizer"):
         load_config(plain)
+
+
+def test_prompt_equals_the_official_prompt(quiet_ckpt, prompts):
+    from orpheus_reference import official_prompt
+
+    for voice, text in [("tara", "Hello."), ("zac", "Ünïcödé — and <laugh> tags!"), ("leah", " leading space")]:
+        assert prompts.encode(text, voice).tolist() == official_prompt(quiet_ckpt, text, voice)
+
+
+def test_adapter_survives_pickling_for_the_preprocess_pool(quiet_ckpt):
+    import pickle
+
+    from mstar.api.protocol import SpeechRequest
+    from mstar_orpheus.adapter import OrpheusApiAdapter
+
+    adapter = OrpheusApiAdapter(load_config(quiet_ckpt), quiet_ckpt)
+    request = SpeechRequest(model="orpheus", input="Pickled.", voice="dan")
+    before = adapter.speech_inputs(request).inputs["prompt_ids"]
+    after = pickle.loads(pickle.dumps(adapter)).speech_inputs(request).inputs["prompt_ids"]
+    assert torch.equal(before, after) and adapter.sample_rate == 24000

@@ -34,7 +34,7 @@ class OrpheusTokens:
     end_of_human: int
     start_of_ai: int
     end_of_text: int
-    custom_token_base: int  # id of <custom_token_0>
+    custom_token_base: int  # id of <custom_token_0> (= id of <custom_token_10> - 10)
 
     @classmethod
     def from_tokenizer(cls, tokenizer_file: Path, codebook_size: int) -> OrpheusTokens:
@@ -42,8 +42,9 @@ class OrpheusTokens:
 
         tok = Tokenizer.from_file(str(tokenizer_file))
         ids: dict[str, int] = {}
+        first_audio = CUSTOM_TOKEN.format(AUDIO_TOKEN_OFFSET)
         missing = []
-        for role, text in {**SPECIAL_TOKENS, "custom_token_base": CUSTOM_TOKEN.format(0)}.items():
+        for role, text in {**SPECIAL_TOKENS, "first_audio": first_audio}.items():
             tid = tok.token_to_id(text)
             if tid is None:
                 missing.append(text)
@@ -51,13 +52,14 @@ class OrpheusTokens:
                 ids[role] = tid
         if missing:
             raise ValueError(f"{tokenizer_file} is not an Orpheus tokenizer: it lacks {missing}")
-        base = ids["custom_token_base"]
+        base = ids.pop("first_audio") - AUDIO_TOKEN_OFFSET
+        ids["custom_token_base"] = base
         last = AUDIO_TOKEN_OFFSET + TOKENS_PER_FRAME * codebook_size - 1
-        for n in (AUDIO_TOKEN_OFFSET, last):
+        for n in (*range(1, 6), last):  # the control tokens and the last audio token
             if tok.token_to_id(CUSTOM_TOKEN.format(n)) != base + n:
                 raise ValueError(
-                    f"{tokenizer_file}: {CUSTOM_TOKEN.format(n)} is not id {base + n}; Orpheus audio "
-                    "tokens must be contiguous from <custom_token_0>"
+                    f"{tokenizer_file}: {CUSTOM_TOKEN.format(n)} is not id {base + n}; Orpheus's custom "
+                    "tokens must be contiguous"
                 )
         return cls(**ids)
 
