@@ -296,6 +296,24 @@ def test_unknown_endpoint_and_bad_generate(http):
     _assert_error(http.post("/v1/generate", json=bad), 400, "inputs.prompt_ids")
 
 
+def test_engine_rejections_are_400(http, client):
+    """Input the engine rejects is the client's error (400), not the server's (500)."""
+    empty = {"model": "toy", "inputs": {"prompt_ids": {"dtype": "int64", "shape": [0], "data": ""}}}
+    err = _assert_error(http.post("/v1/generate", json=empty), 400)
+    assert err["type"] == "invalid_request_error" and "prompt is empty" in err["message"]
+    # Past the toy's 512 positions: the engine's length check, not the adapter's.
+    big = {"model": "toy", "inputs": {"prompt_ids": [256] + [65] * 600}, "sampling": {"max_tokens": 2}}
+    err = _assert_error(http.post("/v1/generate", json=big), 400)
+    assert err["code"] == "context_length_exceeded" and "512" in err["message"]
+    with http.stream("POST", "/v1/generate", json={**big, "stream": True}) as r:
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert lines[-1]["error"]["code"] == "context_length_exceeded"
+    # The chat path's early check answers alike.
+    chat = {"model": "toy", "messages": [{"role": "user", "content": "x" * 600}]}
+    assert _assert_error(http.post("/v1/chat/completions", json=chat), 400)["code"] == "context_length_exceeded"
+    assert client.chat.completions.create(model="toy", messages=messages(), max_tokens=3).choices[0].message.content is not None
+
+
 def test_still_healthy_after_errors(server, client):
     assert server.health().status_code == 200
     assert client.chat.completions.create(model="toy", messages=messages(), max_tokens=3).choices[0].message.content is not None

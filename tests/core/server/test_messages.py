@@ -25,7 +25,7 @@ def test_commands_roundtrip():
 
 
 def test_reports_roundtrip():
-    events = Events("0", [Event("r", "token", TensorMsg("int64", [1], b"\0" * 8)), Event("r", finished=True, finish_reason="stop")])
+    events = Events("0", [Event("r", "token", TensorMsg("int64", [1], b"\0" * 8)), Event("r", finished=True, finish_reason="stop"), Event("q", finished=True, finish_reason="error", error="x", error_type="too_large")])
     stats = Stats("0", EngineStats(1, 2, 3, [NodeKV("lm", 4, 10)]))
     for rep in (events, stats):
         assert report_decoder.decode(report_encoder.encode(rep)) == rep

@@ -6,7 +6,7 @@ import codecs
 from typing import Any
 
 import torch
-from mstar.api import CHAT, SPEECH, ApiAdapter, EngineRequest, TextDecoder
+from mstar.api import CHAT, SPEECH, ApiAdapter, ApiError, EngineRequest, TextDecoder
 from mstar.api.protocol import ChatCompletionRequest, SpeechRequest
 
 from mstar_toy.config import BYTE_VOCAB, encode_text
@@ -38,10 +38,15 @@ class ToyApiAdapter(ApiAdapter):
         self.sample_rate = int(config["sample_rate"])
         self.max_len = int(config["max_position_embeddings"])
 
-    def _prompt(self, text: str) -> EngineRequest:
+    def _prompt(self, text: str, param: str) -> EngineRequest:
         ids = encode_text(text, self.bos_token_id)
+        # An early check (the engine rejects such prompts alike): no trip to the engine,
+        # and room for at least one generated token.
         if len(ids) >= self.max_len:
-            raise ValueError(f"the prompt is {len(ids)} tokens; this model holds at most {self.max_len - 1}")
+            raise ApiError(
+                400, f"the prompt is {len(ids)} tokens; this model holds at most {self.max_len - 1}",
+                param=param, code="context_length_exceeded",
+            )
         return EngineRequest({"prompt_ids": torch.tensor(ids, dtype=torch.long)}, prompt_tokens=len(ids))
 
     def chat_inputs(self, request: ChatCompletionRequest) -> EngineRequest:
@@ -50,10 +55,10 @@ class ToyApiAdapter(ApiAdapter):
                 raise ValueError(f"messages[{i}]: the toy model reads text parts only")
         # A plain transcript: the toy has no chat template.
         text = "".join(f"{m.role}: {m.text()}\n" for m in request.messages) + "assistant:"
-        return self._prompt(text)
+        return self._prompt(text, "messages")
 
     def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
-        return self._prompt(request.input)
+        return self._prompt(request.input, "input")
 
     def text_decoder(self) -> TextDecoder:
         return ByteTextDecoder()

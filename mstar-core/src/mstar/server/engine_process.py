@@ -82,6 +82,12 @@ class _RequestSink:
         self.outbox.put(out)
 
 
+def _add_error_type(exc: Exception) -> str:
+    """``add_request`` rejects a request's own values (inputs, sampling) with these;
+    anything else (the engine is down, a bug) is internal."""
+    return "invalid_request" if isinstance(exc, ValueError | TypeError | KeyError) else "internal"
+
+
 def run_engine_process(spec_bytes: bytes) -> None:
     """Entry point of the spawned process."""
     spec = msgspec.msgpack.decode(spec_bytes, type=EngineProcessSpec)
@@ -184,7 +190,10 @@ class EngineWorker:
                     _sink=_RequestSink(self.outbox, frozenset(cmd.signals) if cmd.signals is not None else None),
                 )
             except Exception as exc:  # a bad request fails alone
-                self.outbox.put(Event(cmd.request_id, finished=True, finish_reason="error", error=f"{type(exc).__name__}: {exc}"))
+                self.outbox.put(Event(
+                    cmd.request_id, finished=True, finish_reason="error",
+                    error=f"{type(exc).__name__}: {exc}", error_type=_add_error_type(exc),
+                ))
         elif isinstance(cmd, AbortRequest):
             engine.abort(cmd.request_id)
         elif isinstance(cmd, PushStream):
@@ -256,6 +265,7 @@ class EngineWorker:
             out.finished,
             out.finish_reason,
             out.error,
+            out.error_type,
         )
 
     def _stats(self) -> EngineStats:

@@ -86,7 +86,7 @@ class Execution:
         self.finish_reason = fin.reason
         self._cancel_timer()
         if fin.reason == "error":
-            raise ApiError(fin.status, fin.error or "the request failed in the engine", code="engine_error")
+            raise ApiError(fin.status, fin.error or "the request failed in the engine", code=fin.code or "engine_error")
 
     def stop(self) -> None:
         """End the request early (e.g. a stop string matched); not an error."""

@@ -69,6 +69,8 @@ class Event(msgspec.Struct, array_like=True, omit_defaults=True):
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    # ``RequestOutput.error_type``: "invalid_request", "too_large" or "internal".
+    error_type: str | None = None
 
 
 class NodeKV(msgspec.Struct, array_like=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +26,32 @@ log = logging.getLogger("mstar.server")
 # When engines disagree on why a request ended, the most telling reason wins.
 _REASON_RANK = {"error": 4, "abort": 3, "length": 2}
 
+# An engine's error type as the client sees it: (HTTP status, OpenAI error code). Bad
+# input and a prompt that can never fit are the caller's (400, like OpenAI's
+# context_length_exceeded); anything else is ours (500).
+ENGINE_ERRORS: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "invalid_value"),
+    "too_large": (400, "context_length_exceeded"),
+    "internal": (500, "engine_error"),
+}
+_EXC_PREFIX = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
+
 
 @dataclass(frozen=True)
 class Finished:
     reason: str
     error: str | None = None
     status: int = 500  # HTTP status for an error
+    code: str | None = None  # OpenAI error code for an error (None: "engine_error")
+
+
+def engine_failure(error: str | None, error_type: str | None) -> Finished:
+    """The ``Finished`` of a request an engine failed; an unknown type is internal."""
+    status, code = ENGINE_ERRORS.get(error_type or "internal", ENGINE_ERRORS["internal"])
+    message = error or "engine error"
+    if status < 500:  # the client's own mistake: no Python exception name in front
+        message = _EXC_PREFIX.sub("", message)
+    return Finished("error", message, status, code)
 
 
 class RequestStream:
@@ -131,7 +152,7 @@ class Router:
         if _REASON_RANK.get(reason, 1) > _REASON_RANK.get(stream.reason, 0):
             stream.reason = reason
         if ev.error or reason == "error":
-            self.fail(stream.request_id, Finished("error", ev.error or "engine error", 500))
+            self.fail(stream.request_id, engine_failure(ev.error, ev.error_type))
         elif reason == "abort" and stream.pending:
             self.abort(stream.request_id)
         elif not stream.pending:
