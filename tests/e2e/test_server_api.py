@@ -318,6 +318,7 @@ def test_still_healthy_after_errors(server, client):
     assert server.health().status_code == 200
     assert client.chat.completions.create(model="toy", messages=messages(), max_tokens=3).choices[0].message.content is not None
     assert server.metric("mstar_requests_total", endpoint="/v1/chat/completions", status="400") > 0
+    assert server.metric("mstar_engine_preemptions", engine="0") >= 0  # from Engine.stats()
 
 
 # ---- mstar.client ---------------------------------------------------------------------------

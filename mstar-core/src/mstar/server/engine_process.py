@@ -18,19 +18,17 @@ from typing import Any
 
 import msgspec
 
+from mstar.server.engine_stats import StatsReporter, engine_stats
 from mstar.server.messages import (
     AbortRequest,
     AddRequest,
     CloseStream,
-    EngineStats,
     Event,
     Events,
     Fatal,
-    NodeKV,
     PushStream,
     Ready,
     Shutdown,
-    Stats,
     command_decoder,
     report_encoder,
 )
@@ -109,6 +107,7 @@ class EngineWorker:
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.ctx = zmq.Context()
         self.engine: Any = None
+        self.reporter: StatsReporter | None = None
 
     def run(self) -> int:
         import zmq
@@ -124,12 +123,15 @@ class EngineWorker:
             return 1
         commands = self.ctx.socket(zmq.PULL)
         commands.bind(self.spec.command_addr)
-        self.outbox.put(Ready(self.spec.name, os.getpid(), list(self.spec.nodes), self._stats()))
+        self.outbox.put(Ready(self.spec.name, os.getpid(), list(self.spec.nodes), engine_stats(self.engine)))
+        self.reporter = StatsReporter(self.spec.name, self.engine, self.outbox.put, self.spec.stats_interval_s)
+        self.reporter.start()
         code = 0
         try:
             code = self._command_loop(commands)
         finally:
             log.debug("stopping")
+            self.reporter.stop()
             self.engine.close()
             commands.close(linger=0)
             self._finish(sender)
@@ -210,15 +212,11 @@ class EngineWorker:
 
         sock = self.ctx.socket(zmq.PUSH)
         sock.connect(self.spec.report_addr)
-        last_stats = None
-        next_stats = time.monotonic()
         try:
             while True:
-                try:
-                    items = [self.outbox.get(timeout=self.spec.stats_interval_s)]
-                except queue.Empty:
-                    items = []
-                if items and self.engine is not None and len(self.engine.core.running) > 1:
+                items = [self.outbox.get()]
+                last = self.reporter.last if self.reporter is not None else None
+                if last is not None and last.running > 1:
                     # Let the engine thread finish handing out this step's outputs: one
                     # message per step, and no GIL ping-pong per output.
                     time.sleep(SEND_COALESCE_S)
@@ -243,13 +241,6 @@ class EngineWorker:
                         events.append(self._event(item))
                 if events:
                     sock.send(report_encoder.encode(Events(self.spec.name, events)))
-                now = time.monotonic()
-                if self.engine is not None and now >= next_stats:
-                    stats = self._stats()
-                    if stats != last_stats:
-                        sock.send(report_encoder.encode(Stats(self.spec.name, stats)))
-                        last_stats = stats
-                    next_stats = now + self.spec.stats_interval_s
                 if done:
                     return
         finally:
@@ -267,16 +258,6 @@ class EngineWorker:
             out.error,
             out.error_type,
         )
-
-    def _stats(self) -> EngineStats:
-        core = self.engine.core
-        kv = [
-            NodeKV(name, node.kv.num_used_blocks, node.kv.num_blocks)
-            for name, node in core.nodes.items()
-            if node.kv is not None
-        ]
-        running = len(core.running)
-        return EngineStats(len(core.waiting), running, core.stats.last_batch_size if running else 0, kv)
 
     def _finish(self, sender: threading.Thread) -> None:
         self.outbox.put(_STOP)

@@ -84,6 +84,8 @@ class EngineStats(msgspec.Struct, array_like=True):
     running: int
     batch_size: int
     kv: list[NodeKV]
+    steps: int = 0  # since the engine started
+    preemptions: int = 0
 
 
 class Events(msgspec.Struct, tag="events"):

@@ -19,6 +19,7 @@ class ServerMetrics:
         self.batch_size = Gauge("mstar_running_batch_size", "Rows in the engine's latest forward", ["engine"], registry=r)
         self.kv_used = Gauge("mstar_kv_blocks_used", "KV-cache blocks in use", ["engine", "node"], registry=r)
         self.kv_total = Gauge("mstar_kv_blocks_total", "KV-cache blocks in the pool", ["engine", "node"], registry=r)
+        self.preemptions = Gauge("mstar_engine_preemptions", "Requests preempted (KV cache taken back) since the engine started", ["engine"], registry=r)
         self.engine_up = Gauge("mstar_engine_up", "1 while the engine process is alive", ["engine"], registry=r)
         self.ttft = Histogram("mstar_time_to_first_token_seconds", "Arrival to first text token", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("mstar_inter_token_latency_seconds", "Time between text deltas", buckets=_LATENCY_BUCKETS, registry=r)
@@ -31,6 +32,7 @@ class ServerMetrics:
 
     def engine_stats(self, engine: str, stats: EngineStats) -> None:
         self.batch_size.labels(engine).set(stats.batch_size)
+        self.preemptions.labels(engine).set(stats.preemptions)
         for kv in stats.kv:
             self.kv_used.labels(engine, kv.node).set(kv.used_blocks)
             self.kv_total.labels(engine, kv.node).set(kv.total_blocks)
