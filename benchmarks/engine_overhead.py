@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from mstar import Engine
 from mstar.model.submodule_base import ModelInputsFromEngine
 from mstar_toy.checkpoint import load_weights, write_checkpoint
@@ -51,7 +50,7 @@ def bare_loop(lm: ToyLM, prompt_len: int, batch: int, tokens: int) -> float:
     ids = torch.randint(0, 256, (batch, prompt_len))
     start = time.perf_counter()
     with torch.inference_mode():
-        for step in range(tokens):
+        for _ in range(tokens):
             t = ids.shape[1]
             pos = torch.arange(cache.start, cache.start + t).repeat(batch)
             ei = ModelInputsFromEngine([], {}, attention=cache, positions=pos)

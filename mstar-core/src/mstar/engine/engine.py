@@ -85,7 +85,7 @@ class Engine:
         self.loaded = loaded
         self.checkpoint_dir = checkpoint_dir
         self.core = built.core
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._wake = threading.Event()
         self._queues: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
@@ -243,7 +243,10 @@ class Engine:
 
     def run_batch(self, requests: list[dict[str, Any]]) -> list[CollectedOutput]:
         """Submit all requests at once (each a dict of ``add_request`` arguments) and wait."""
-        handles = [self.add_request(**r) for r in requests]
+        # Submitted under one lock so the engine sees them together (the same batch every
+        # run, whatever the thread timing).
+        with self._lock:
+            handles = [self.add_request(**r) for r in requests]
         results = []
         for h in handles:
             col = CollectedOutput(h.request_id, seeds=h.seeds)
