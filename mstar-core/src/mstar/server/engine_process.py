@@ -1,16 +1,15 @@
 """An engine process: one ``mstar.Engine`` over the nodes of one device group.
 
 Commands arrive on a PULL socket (main thread); outputs leave on a PUSH socket from a
-sender thread that batches whatever accumulated since its last send into one message, so
-a step's outputs for many requests cost one message. The API process runs the warm-up
-request through the normal path once every engine reported ``Ready``.
+sender thread, one message per engine step (``mstar.server.report_sender``); statistics
+come from a thread of their own (``mstar.server.engine_stats``). The API process runs the
+warm-up request through the normal path once every engine reported ``Ready``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -24,14 +23,13 @@ from mstar.server.messages import (
     AddRequest,
     CloseStream,
     Event,
-    Events,
     Fatal,
     PushStream,
     Ready,
     Shutdown,
     command_decoder,
-    report_encoder,
 )
+from mstar.server.report_sender import ReportSender
 from mstar.server.tensor_codec import TensorCodec
 
 log = logging.getLogger("mstar.engine_process")
@@ -52,32 +50,6 @@ class EngineProcessSpec(msgspec.Struct):
     engine_options: dict[str, Any] = {}
     stats_interval_s: float = 0.1
     torch_threads: int | None = None  # intra-op threads of this engine (None: torch's default)
-
-
-SEND_COALESCE_S = 0.0005
-_STOP = object()  # tells the sender thread to flush and exit
-
-
-class _RequestSink:
-    """Engine-thread side of one request: drops signals the API did not ask for."""
-
-    __slots__ = ("outbox", "wanted")
-
-    def __init__(self, outbox: queue.SimpleQueue, wanted: frozenset[str] | None) -> None:
-        self.outbox = outbox
-        self.wanted = wanted
-
-    def put(self, out: Any) -> None:
-        if (
-            self.wanted is not None
-            and out.signal is not None
-            and not out.finished
-            and not out.stream_item
-            and not out.stream_closed
-            and out.signal not in self.wanted
-        ):
-            return
-        self.outbox.put(out)
 
 
 def _add_error_type(exc: Exception) -> str:
@@ -104,7 +76,7 @@ class EngineWorker:
         self.spec = spec
         self.stop = stop
         self.codec = TensorCodec(spec.shm_prefix, spec.shm_threshold)
-        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.sender = ReportSender(spec.name, self.codec)
         self.ctx = zmq.Context()
         self.engine: Any = None
         self.reporter: StatsReporter | None = None
@@ -112,19 +84,21 @@ class EngineWorker:
     def run(self) -> int:
         import zmq
 
-        sender = threading.Thread(target=self._send_loop, name="mstar-sender", daemon=True)
-        sender.start()
+        sender_thread = threading.Thread(target=self._send_loop, name="mstar-sender", daemon=True)
+        sender_thread.start()
         try:
             self.engine = self._build()
         except BaseException as exc:
             log.exception("engine %s failed to start", self.spec.name)
-            self.outbox.put(Fatal(self.spec.name, f"{type(exc).__name__}: {exc}"))
-            self._finish(sender)
+            self.sender.put(Fatal(self.spec.name, f"{type(exc).__name__}: {exc}"))
+            self._finish(sender_thread)
             return 1
         commands = self.ctx.socket(zmq.PULL)
         commands.bind(self.spec.command_addr)
-        self.outbox.put(Ready(self.spec.name, os.getpid(), list(self.spec.nodes), engine_stats(self.engine)))
-        self.reporter = StatsReporter(self.spec.name, self.engine, self.outbox.put, self.spec.stats_interval_s)
+        # Before any request: every step's outputs leave as one message.
+        self.engine.add_step_listener(self.sender.step_ended)
+        self.sender.put(Ready(self.spec.name, os.getpid(), list(self.spec.nodes), engine_stats(self.engine)))
+        self.reporter = StatsReporter(self.spec.name, self.engine, self.sender.put, self.spec.stats_interval_s)
         self.reporter.start()
         code = 0
         try:
@@ -134,7 +108,7 @@ class EngineWorker:
             self.reporter.stop()
             self.engine.close()
             commands.close(linger=0)
-            self._finish(sender)
+            self._finish(sender_thread)
             log.debug("stopped")
         return code
 
@@ -175,7 +149,7 @@ class EngineWorker:
                 log.warning("API process exited; engine %s stops", self.spec.name)
                 return 0
             if self.engine.fatal_error:
-                self.outbox.put(Fatal(self.spec.name, self.engine.fatal_error))
+                self.sender.put(Fatal(self.spec.name, self.engine.fatal_error))
                 return 1
         return 0
 
@@ -189,10 +163,10 @@ class EngineWorker:
                     cmd.kwargs,
                     request_id=cmd.request_id,
                     priority=cmd.priority,
-                    _sink=_RequestSink(self.outbox, frozenset(cmd.signals) if cmd.signals is not None else None),
+                    _sink=self.sender.sink(frozenset(cmd.signals) if cmd.signals is not None else None),
                 )
             except Exception as exc:  # a bad request fails alone
-                self.outbox.put(Event(
+                self.sender.put(Event(
                     cmd.request_id, finished=True, finish_reason="error",
                     error=f"{type(exc).__name__}: {exc}", error_type=_add_error_type(exc),
                 ))
@@ -213,56 +187,14 @@ class EngineWorker:
         sock = self.ctx.socket(zmq.PUSH)
         sock.connect(self.spec.report_addr)
         try:
-            while True:
-                items = [self.outbox.get()]
-                last = self.reporter.last if self.reporter is not None else None
-                if last is not None and last.running > 1:
-                    # Let the engine thread finish handing out this step's outputs: one
-                    # message per step, and no GIL ping-pong per output.
-                    time.sleep(SEND_COALESCE_S)
-                while True:
-                    try:
-                        items.append(self.outbox.get_nowait())
-                    except queue.Empty:
-                        break
-                events: list[Event] = []
-                done = False
-                for item in items:
-                    if item is _STOP:
-                        done = True
-                    elif isinstance(item, Event):
-                        events.append(item)
-                    elif isinstance(item, msgspec.Struct):
-                        if events:
-                            sock.send(report_encoder.encode(Events(self.spec.name, events)))
-                            events = []
-                        sock.send(report_encoder.encode(item))
-                    else:
-                        events.append(self._event(item))
-                if events:
-                    sock.send(report_encoder.encode(Events(self.spec.name, events)))
-                if done:
-                    return
+            self.sender.run(sock)
         finally:
             sock.close(linger=2000)
 
-    def _event(self, out: Any) -> Event:
-        return Event(
-            out.request_id,
-            out.signal,
-            self.codec.encode(out.data) if out.data is not None else None,
-            out.stream_item,
-            out.stream_closed,
-            out.finished,
-            out.finish_reason,
-            out.error,
-            out.error_type,
-        )
-
-    def _finish(self, sender: threading.Thread) -> None:
-        self.outbox.put(_STOP)
-        sender.join(timeout=5)
-        if sender.is_alive():
+    def _finish(self, sender_thread: threading.Thread) -> None:
+        self.sender.stop()
+        sender_thread.join(timeout=5)
+        if sender_thread.is_alive():
             self.ctx.destroy(linger=0)
         else:
             self.ctx.term()
