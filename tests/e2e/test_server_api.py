@@ -100,6 +100,32 @@ def test_stop_string_is_applied_and_trimmed(client):
     assert cut.choices[0].finish_reason == "stop"
 
 
+def test_chat_logprobs_greedy_streamed_equals_whole(client):
+    kw = {"model": "toy", "messages": messages("logprobs please"), "max_tokens": 12, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    whole = client.chat.completions.create(**kw)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens > 0
+    for entry in content:
+        assert entry.logprob <= 0 and bytes(entry.bytes) and entry.token
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        # Greedy: the chosen token is the most likely alternative.
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob) == (entry.token, entry.logprob)
+    plain = client.chat.completions.create(**{**kw, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == whole.choices[0].message.content
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+
+
+@pytest.mark.parametrize("top", [0, 20])
+def test_chat_top_logprobs_range(client, top):
+    resp = client.chat.completions.create(model="toy", messages=messages(), max_tokens=4, temperature=0, logprobs=True, top_logprobs=top)
+    content = resp.choices[0].logprobs.content
+    assert content and all(len(e.top_logprobs) == top and e.logprob <= 0 for e in content)
+
+
 def test_chat_audio_output(client):
     resp = client.chat.completions.create(
         model="toy", messages=messages(), max_tokens=8, temperature=0, modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}
@@ -259,7 +285,8 @@ def _assert_error(r: httpx.Response, status: int, param: str | None = None) -> d
         ({"model": "toy", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature"),
         ({"model": "toy", "messages": []}, 400, "messages"),
         ({"model": "toy", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
-        ({"model": "toy", "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+        ({"model": "toy", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+        ({"model": "toy", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
         ({"model": "toy", "messages": [{"role": "user", "content": "x"}], "sampling": {"aux": {"nope": {}}}}, 400, "sampling.aux"),
         ({"model": "toy", "messages": [{"role": "user", "content": "x"}], "top_p": 1.5}, 400, "top_p"),
         ({"model": "toy", "messages": [{"role": "user", "content": "x" * 600}]}, 400, None),

@@ -34,13 +34,25 @@ class DenseCausalAttention:
         return out.transpose(0, 1)
 
 
-def dense_greedy(ckpt: Path, prompt: torch.Tensor, max_tokens: int) -> tuple[list[int], list[int]]:
-    """Greedy tokens and residual codes by recomputing the whole sequence every step."""
+def load_lm(ckpt: Path) -> ToyLM:
     from mstar_toy.checkpoint import load_weights
 
-    cfg = load_config(ckpt)
-    lm = ToyLM(cfg)
+    lm = ToyLM(load_config(ckpt))
     load_weights(lm, ckpt, "lm.")
+    return lm.eval()
+
+
+def dense_logits(lm: ToyLM, ids: list[int]) -> torch.Tensor:
+    """The LM's next-token logits [V] after ``ids``, from the whole sequence, no cache."""
+    with torch.inference_mode():
+        ei = ModelInputsFromEngine([], {}, attention=DenseCausalAttention(), positions=torch.arange(len(ids)))
+        return lm.logits(lm.hidden_states(torch.tensor(ids), ei)[-1])
+
+
+def dense_greedy(ckpt: Path, prompt: torch.Tensor, max_tokens: int) -> tuple[list[int], list[int]]:
+    """Greedy tokens and residual codes by recomputing the whole sequence every step."""
+    cfg = load_config(ckpt)
+    lm = load_lm(ckpt)
     ids = prompt.tolist()
     tokens, residuals = [], []
     with torch.inference_mode():

@@ -10,6 +10,7 @@ from mstar.api import CHAT, SPEECH, ApiAdapter, ApiError, EngineRequest, TextDec
 from mstar.api.protocol import ChatCompletionRequest, SpeechRequest
 
 from mstar_toy.config import BYTE_VOCAB, encode_text
+from mstar_toy.lm import LOGPROB, TOP_IDS, TOP_VALUES
 
 
 class ByteTextDecoder(TextDecoder):
@@ -32,11 +33,20 @@ class ToyApiAdapter(ApiAdapter):
     audio_signal = "audio"
     sampling_node = "lm"
     chat_audio = True
+    supports_logprobs = True
+    logprob_signal = LOGPROB
+    top_logprob_ids_signal = TOP_IDS
+    top_logprob_values_signal = TOP_VALUES
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.bos_token_id = int(config["bos_token_id"])
         self.sample_rate = int(config["sample_rate"])
         self.max_len = int(config["max_position_embeddings"])
+        self.specials = {
+            int(config["bos_token_id"]): "<|bos|>",
+            int(config["eos_token_id"]): "<|eos|>",
+            int(config["pad_token_id"]): "<|pad|>",
+        }
 
     def _prompt(self, text: str, param: str) -> EngineRequest:
         ids = encode_text(text, self.bos_token_id)
@@ -62,3 +72,12 @@ class ToyApiAdapter(ApiAdapter):
 
     def text_decoder(self) -> TextDecoder:
         return ByteTextDecoder()
+
+    def token_text(self, token_id: int) -> str:
+        if 0 <= token_id < BYTE_VOCAB:
+            # A byte that is only part of a character shows as "\\xe2"; ``bytes`` has it.
+            return bytes([token_id]).decode("utf-8", errors="backslashreplace")
+        return self.specials.get(token_id, f"<|{token_id}|>")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id]) if 0 <= token_id < BYTE_VOCAB else self.token_text(token_id).encode()

@@ -21,6 +21,10 @@ from mstar.model.submodule_base import (
 from torch import nn
 
 AUX_LABEL = "residual"
+# Logprob signals (mstar.api.adapter's convention): the chosen token's logprob [B, 1] and
+# the top-N alternatives [B, N].
+LOGPROB, TOP_IDS, TOP_VALUES = "logprob", "top_logprob_ids", "top_logprob_values"
+LOGPROB_SIGNALS = (LOGPROB, TOP_IDS, TOP_VALUES)
 
 
 class RMSNorm(nn.Module):
@@ -126,7 +130,13 @@ class ToyLM(ARNodeSubmodule):
         runner = engine_inputs.piecewise_runners.get("head")
         out = runner({"hidden": last}) if runner is not None else self.sample_head({"hidden": last}, engine_inputs.sampler)
         codes = torch.stack([out["token"], out["residual"]], dim=-1)
-        return BatchedModelOutput(row_outputs={"token": out["token"][:, None], "codes": codes[:, None, :]})
+        rows = {"token": out["token"][:, None], "codes": codes[:, None, :]}
+        # Only when a row asked: an output per row and step costs every request.
+        if any(i.sampling is not None and i.sampling.logprobs for i in engine_inputs.per_request_info.values()):
+            rows[LOGPROB] = out[LOGPROB][:, None]
+            if TOP_IDS in out:
+                rows[TOP_IDS], rows[TOP_VALUES] = out[TOP_IDS], out[TOP_VALUES]
+        return BatchedModelOutput(row_outputs=rows)
 
     def hidden_states(self, input_ids: torch.Tensor, engine_inputs: ModelInputsFromEngine) -> torch.Tensor:
         assert engine_inputs.positions is not None
@@ -142,9 +152,13 @@ class ToyLM(ARNodeSubmodule):
     def sample_head(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
         """The region the piecewise runner may capture: head, main sample, aux sample."""
         h = self.norm(static_inputs["hidden"])
-        token = sampler.sample(self.head(h)).tokens
+        main = sampler.sample(self.head(h))
+        token = main.tokens
         residual = sampler.sample_aux(AUX_LABEL, self.aux_head(h + self.aux_embed(token))).tokens
-        return {"token": token, "residual": residual}
+        out = {"token": token, "residual": residual, LOGPROB: main.logprobs}
+        if main.top_logprob_ids is not None:  # some registered request asked for top logprobs
+            out[TOP_IDS], out[TOP_VALUES] = main.top_logprob_ids, main.top_logprob_values
+        return out
 
     def check_stop_batched(self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput) -> BatchedStopCheck:
         tokens = outputs.row_outputs["token"][:, 0].tolist()
@@ -153,7 +167,7 @@ class ToyLM(ARNodeSubmodule):
             params = info.sampling
             assert params is not None
             if (tok == self.eos_token_id and not params.ignore_eos) or tok in params.stop_token_ids:
-                checks[rid] = StopCheck(frozenset({STOP_ALL}), ("token", "codes"), "stop")
+                checks[rid] = StopCheck(frozenset({STOP_ALL}), ("token", "codes", *LOGPROB_SIGNALS), "stop")
             elif info.num_generated + 1 >= params.max_tokens:
                 checks[rid] = StopCheck(frozenset({STOP_ALL}), (), "length")
         return BatchedStopCheck(checks)

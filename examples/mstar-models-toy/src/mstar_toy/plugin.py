@@ -39,11 +39,16 @@ def chunk_policy(stream: dict[str, Any]) -> Any:
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
-    lm_step = Step("lm", inputs=("token",), outputs=("token", "codes"))
+    from mstar_toy.lm import LOGPROB_SIGNALS
+
+    lm_outputs = ("token", "codes", *LOGPROB_SIGNALS)
+    lm_step = Step("lm", inputs=("token",), outputs=lm_outputs)
     return GraphSpec(
         nodes={"lm": NodeSpec("lm", EngineKind.KV_CACHE), "decoder": NodeSpec("decoder", EngineKind.STATELESS)},
         signals={
             "token": Signal("token", to_client=True, persist=True),
+            # Emitted only for requests that asked for logprobs (mstar.api.adapter's convention).
+            **{name: Signal(name, to_client=True) for name in LOGPROB_SIGNALS},
             "codes": Signal(
                 "codes",
                 stream=StreamingEdge("audio", "code_chunk", chunk_policy(config["stream"]), "code_context"),
@@ -51,7 +56,7 @@ def build_graph(config: dict[str, Any]) -> GraphSpec:
             "audio": Signal("audio", to_client=True),
         },
         walks={
-            "prefill": Walk("prefill", "lm", Step("lm", inputs=("prompt_ids",), outputs=("token", "codes"))),
+            "prefill": Walk("prefill", "lm", Step("lm", inputs=("prompt_ids",), outputs=lm_outputs)),
             "decode": Walk("decode", "lm", Loop("decode_loop", lm_step, stop_on=("lm",))),
             "vocode": Walk(
                 "vocode",

@@ -6,6 +6,23 @@ onto ``SamplingParams``, runs the engines and encodes responses. The adapter say
 endpoints the model serves, turns a request into engine inputs (this runs in the
 preprocess pool, so it must be picklable and must not touch devices), and names the output
 signals that carry text and audio.
+
+Logprobs (chat ``logprobs`` / ``top_logprobs``), a model-agnostic convention: the sampling
+node that can report them emits, per sampled token and beside the token itself, to-client
+signals (not persisted) holding
+
+- ``logprob_signal``: the chosen token's logprob, float ``[1]`` per row (``[B, 1]`` as a
+  row output), the sampler's raw ``SampleOutput.logprobs``;
+- ``top_logprob_ids_signal`` / ``top_logprob_values_signal``: the top-N alternatives, int64
+  and float ``[N]`` per row, sorted by value descending; N may exceed what a request asked
+  for (the sampler's width is the largest request's), so the server keeps a prefix. Emitted
+  only when some request asked for top logprobs.
+
+A value of the text signal and its logprob values come from the same step, so the server
+pairs them in order; withhold the logprob signals wherever the token itself is withheld
+(e.g. an EOS). The adapter names the signals, renders tokens with ``token_text`` and
+``token_bytes``, and sets ``supports_logprobs = True``. The server asks the engines for the
+logprob signals only for requests that want them.
 """
 
 from __future__ import annotations
@@ -57,7 +74,11 @@ class ApiAdapter:
     sampling_node: str | None = None
     #: Whether chat completions can produce audio (``modalities: ["audio"]``).
     chat_audio: bool = False
+    #: Logprobs for chat (see the module docstring for the signals' convention).
     supports_logprobs: bool = False
+    logprob_signal: str | None = None
+    top_logprob_ids_signal: str | None = None
+    top_logprob_values_signal: str | None = None
     max_n: int = 1
 
     def serves(self, endpoint: str) -> bool:
@@ -80,6 +101,15 @@ class ApiAdapter:
 
     def count_tokens(self, value: torch.Tensor) -> int:
         return int(value.numel())
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text, for logprobs (``token`` in OpenAI's shape)."""
+        return chr(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's bytes (``bytes`` in OpenAI's shape): what ``token_text`` cannot show
+        when a token is part of a character."""
+        return self.token_text(token_id).encode("utf-8", errors="surrogatepass")
 
     def audio_chunk(self, value: torch.Tensor) -> np.ndarray:
         """Mono float32 samples in [-1, 1]."""

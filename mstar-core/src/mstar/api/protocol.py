@@ -111,6 +111,13 @@ class ChatCompletionRequest(_SamplingFields):
     audio: AudioOutputOptions | None = None
     user: str | None = None
 
+    @field_validator("top_logprobs", mode="before")
+    @classmethod
+    def _no_bool_count(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("expected an integer, got a boolean")
+        return v
+
     @property
     def wants_audio(self) -> bool:
         return bool(self.modalities and "audio" in self.modalities)

@@ -1,4 +1,4 @@
-"""Turning one request's output items into text and audio, with latency metrics."""
+"""Turning one request's output items into text, audio and logprobs, with latency metrics."""
 
 from __future__ import annotations
 
@@ -9,16 +9,25 @@ import torch
 
 from mstar.api.adapter import TextDecoder
 from mstar.server.execution import Execution
+from mstar.server.logprobs import LogprobAssembler
 from mstar.server.runtime import ServerRuntime
 from mstar.server.text_output import TextAssembler
 
 
 class OutputTracker:
-    def __init__(self, rt: ServerRuntime, ex: Execution, decoder: TextDecoder, stop: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        rt: ServerRuntime,
+        ex: Execution,
+        decoder: TextDecoder,
+        stop: tuple[str, ...] = (),
+        logprobs: LogprobAssembler | None = None,
+    ) -> None:
         self.rt = rt
         self.ex = ex
         self.adapter = rt.adapter
         self.text = TextAssembler(decoder, stop)
+        self.logprobs = logprobs
         self.tokens = 0
         self.audio: list[np.ndarray] = []
         self.audio_samples = 0
@@ -26,20 +35,26 @@ class OutputTracker:
         self._first_audio: float | None = None
 
     def consume(self, batch: list[tuple[str, torch.Tensor]]) -> tuple[str, list[np.ndarray]]:
-        """(text released by this batch, audio chunks in it)."""
+        """(text released by this batch, audio chunks in it); new logprob entries wait in
+        ``logprobs.take()``."""
         text: list[str] = []
         audio: list[np.ndarray] = []
         a = self.adapter
         tokens = 0
+        lp = self.logprobs
         for signal, value in batch:
             if signal == a.text_signal:
                 tokens += a.count_tokens(value)
+                if lp is not None and not self.text.stopped:  # tokens past a stop string are not shown
+                    lp.add_tokens(value)
                 text.append(self.text.feed(value))
             elif signal == a.audio_signal:
                 chunk = a.audio_chunk(value)
                 audio.append(chunk)
                 self.audio.append(chunk)
                 self.audio_samples += chunk.shape[0]
+            elif lp is not None:
+                lp.add(signal, value)
         self.tokens += tokens
         now = time.perf_counter()
         m = self.rt.metrics

@@ -17,7 +17,9 @@ from mstar.api.audio import encode_audio, to_pcm16
 from mstar.api.errors import ApiError
 from mstar.api.protocol import ChatCompletionRequest
 from mstar.api.sampling import request_sampling
+from mstar.sampling.params import MAX_TOP_LOGPROBS
 from mstar.server.execution import Execution
+from mstar.server.logprobs import LogprobAssembler, logprob_signals
 from mstar.server.output_tracker import OutputTracker
 from mstar.server.runtime import ServerRuntime
 from mstar.server.streaming import (
@@ -52,6 +54,10 @@ def check_chat_request(rt: ServerRuntime, req: ChatCompletionRequest) -> None:
         raise ApiError(400, f"n={req.n} is not supported: model {rt.model_name!r} returns at most {adapter.max_n} choice(s)", param="n")
     if (req.logprobs or req.top_logprobs) and not adapter.supports_logprobs:
         raise ApiError(400, f"model {rt.model_name!r} does not provide logprobs", param="logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     if req.wants_audio and not (adapter.chat_audio and adapter.audio_signal):
         raise ApiError(400, f"model {rt.model_name!r} has no audio output; use modalities [\"text\"]", param="modalities")
     if req.wants_audio and req.stream and req.audio is not None and req.audio.format not in ("pcm16", "pcm"):
@@ -65,13 +71,17 @@ async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest, receiv
         req,
         max_tokens=("max_completion_tokens", req.max_completion_tokens) if req.max_completion_tokens is not None else ("max_tokens", req.max_tokens),
     )
-    if adapter.supports_logprobs and req.logprobs:
-        sampling.set("logprobs", True)
-        sampling.set("top_logprobs", req.top_logprobs)
     signals = [s for s in (adapter.text_signal, adapter.audio_signal if req.wants_audio else None) if s]
+    logprobs = None
+    if adapter.supports_logprobs and req.logprobs:
+        top = req.top_logprobs or 0
+        sampling.set("logprobs", True)
+        sampling.set("top_logprobs", top)
+        signals += logprob_signals(adapter, top)
+        logprobs = LogprobAssembler(adapter, top)
     ex = Execution(rt, CHAT, prefix="chatcmpl")
     await ex.start(req, sampling, signals)
-    out = OutputTracker(rt, ex, adapter.text_decoder(), stop_strings(sampling.main.get("stop")))
+    out = OutputTracker(rt, ex, adapter.text_decoder(), stop_strings(sampling.main.get("stop")), logprobs)
     if req.stream:
         return ManagedStreamingResponse(_stream(rt, req, ex, out), ex.close, media_type="text/event-stream", headers=_headers(ex))
     try:
@@ -96,6 +106,13 @@ def _usage(ex: Execution, out: OutputTracker) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": out.tokens, "total_tokens": prompt + out.tokens}
 
 
+def _logprobs(out: OutputTracker) -> dict[str, Any] | None:
+    if out.logprobs is None:
+        return None
+    out.logprobs.take()
+    return {"content": out.logprobs.content, "refusal": None}
+
+
 def _completion(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, out: OutputTracker, tail: str) -> dict[str, Any]:
     text = out.text.text
     message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -116,7 +133,7 @@ def _completion(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, ou
         "model": rt.model_name,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "seed": ex.seed,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(ex.finish_reason)}],
+        "choices": [{"index": 0, "message": message, "logprobs": _logprobs(out), "finish_reason": _finish_reason(ex.finish_reason)}],
         "usage": _usage(ex, out),
     }
 
@@ -135,10 +152,13 @@ async def _stream(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, 
     # The hot path: the constant part of every chunk is encoded once per request.
     head = sse(base)[:-3] + b',"choices":[{"index":0,"delta":'
     tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+    lp_tail = b'},"finish_reason":null}]}\n\n'
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        if finish is None:
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: list[dict[str, Any]] | None = None) -> bytes:
+        if finish is None and not logprobs:
             return head + encode_json(delta) + tail
+        if finish is None:
+            return head + encode_json(delta) + b',"logprobs":{"content":' + encode_json(logprobs) + lp_tail
         return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
 
     def delta_of(text: str, audio: list[np.ndarray]) -> dict[str, Any]:
@@ -160,8 +180,9 @@ async def _stream(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, 
         async for batch in ex.batches():
             text, audio = out.consume(batch)
             delta = delta_of(text, audio)
-            if delta:
-                yield chunk(delta)
+            entries = out.logprobs.take() if out.logprobs is not None else None
+            if delta or entries:
+                yield chunk(delta, logprobs=entries)
             if out.text.stopped:
                 ex.stop()
                 break
