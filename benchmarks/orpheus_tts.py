@@ -8,7 +8,8 @@ The checkpoint is random and mid-sized (4 layers, hidden 512, the real 156,940-t
 vocabulary; audio-steered so it emits audio tokens). ``--snac mid`` uses a SNAC decoder of
 width 256 (the released 1024-wide one costs ~0.5 s per window on a small CPU, which would
 dominate both sides equally). Both pipelines sample with Orpheus's defaults
-(temperature 0.6, top_p 0.8, repetition_penalty 1.3) and run to ``--tokens`` tokens.
+(temperature 0.6, top_p 0.8, repetition_penalty 1.3, no top-k) and run to ``--tokens``
+tokens. Rounds are interleaved and the median run is reported, as the machine may be shared.
 
 RTF = wall time of a request / seconds of audio it produced (lower is better);
 throughput = audio seconds produced per wall second over the whole batch.
@@ -239,7 +240,9 @@ class Reference:
         def generate() -> None:
             with torch.inference_mode():
                 self.model.generate(
-                    input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.6, top_p=0.8, repetition_penalty=1.3,
+                    # top_k=0: transformers' implicit top_k=50 off, so both sides sample the same
+                    # distribution (as vLLM does in the official package).
+                    input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.6, top_p=0.8, top_k=0, repetition_penalty=1.3,
                     max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=self.special[2], pad_token_id=pad, streamer=streamer,
                 )
 

@@ -56,8 +56,10 @@ class SnacNode(NodeSubmodule):
         return audio[:, 0, self.emit], valid
 
     def forward_batched(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, windows: torch.Tensor) -> BatchedModelOutput:
-        audio, valid = self.decode_windows(windows)
-        keep = valid.tolist()
+        keep = valid_windows(windows, self.snac_cfg.codebook_size).tolist()
+        if not any(keep):  # nothing to emit (the official decoder skips such windows)
+            return BatchedModelOutput()
+        audio, _ = self.decode_windows(windows)
         return BatchedModelOutput(
             per_rid_outputs={rid: {"audio": audio[b]} for b, rid in enumerate(engine_inputs.request_ids) if keep[b]}
         )
