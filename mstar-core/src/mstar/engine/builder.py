@@ -28,6 +28,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     chunked_prefill: bool = True
     mixed_batches: bool = True
+    overlap_nodes: bool = True  # a second node's batch runs concurrently with the first
     piecewise_graphs: bool = True
     attention_backend: str | None = None  # "torch" / "flashinfer"; None picks by device
     nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all
@@ -38,6 +39,7 @@ class EngineConfig:
             max_num_seqs=self.max_num_seqs,
             chunked_prefill=self.chunked_prefill,
             mixed_batches=self.mixed_batches,
+            overlap_nodes=self.overlap_nodes,
         )
 
 

@@ -12,6 +12,7 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +41,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     chunked_prefill: bool = True
     mixed_batches: bool = True
+    overlap_nodes: bool = True  # run a second node's batch concurrently (e.g. LM + codec)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class EngineCore:
             w: {o for st in iter_steps(walk.body) for o in st.outputs} for w, walk in graph.walks.items()
         }
         self._free_slots = list(range(self.config.max_num_seqs))
+        self._overlap_pool: ThreadPoolExecutor | None = None
         # Partitions run here only when all their nodes are placed here; streams from or
         # into other partitions cross processes through push_stream / stream events.
         self.local_partitions = tuple(
@@ -146,7 +149,11 @@ class EngineCore:
         groups = self._ready_groups()
         if groups:
             key = self.policy.pick_group(groups)
-            self._run_group(key, groups[key])
+            keys = [key]
+            others = {k: v for k, v in groups.items() if k[0] != key[0]}  # type: ignore[index]
+            if self.config.overlap_nodes and others:
+                keys.append(self.policy.pick_group(others))
+            self._run_groups([(k, groups[k]) for k in keys])
         self._finish_done_requests()
         out, self._outputs = self._outputs, []
         return out
@@ -219,25 +226,36 @@ class EngineCore:
         return True
 
     # ---- running a group ------------------------------------------------------------
-    def _run_group(self, key: Hashable, ready: list[_Ready]) -> None:
-        node_name, group_walk = key  # type: ignore[misc]
-        node = self.nodes[node_name]
-        rows = self._build_rows(node, group_walk, self.policy.order_rows(ready))
-        if not rows:
-            return
-        self.stats.steps += 1
-        self.stats.forwards_by_group[f"{node_name}:{group_walk}"] += 1
-        self.stats.last_batch_size = len(rows)
-        try:
-            results = node.executor.run(group_walk, rows)
-        except NodeExecutionError as exc:
-            results = exc.partial
-        for row in rows:
-            res = results.get(row.req.id)
-            if isinstance(res, BaseException):
-                self._fail(row.req, res, "internal")
-            elif res is not None:
-                self._complete_row(node, row, res)
+    def _run_groups(self, picked: list[tuple[Hashable, list[_Ready]]]) -> None:
+        """Run the picked groups; a second group (always on another node) runs on a worker
+        thread while the first runs here, so e.g. a codec overlaps the LM. Rows are built
+        and completed one group after the other, on this thread."""
+        plans = []
+        for key, ready in picked:
+            node_name, group_walk = key  # type: ignore[misc]
+            node = self.nodes[node_name]
+            rows = self._build_rows(node, group_walk, self.policy.order_rows(ready))
+            if rows:
+                plans.append((node, group_walk, rows))
+                self.stats.steps += 1
+                self.stats.forwards_by_group[f"{node_name}:{group_walk}"] += 1
+                self.stats.last_batch_size = len(rows)
+        if len(plans) == 2:
+            if self._overlap_pool is None:
+                self._overlap_pool = ThreadPoolExecutor(1, thread_name_prefix="mstar-overlap")
+            second = self._overlap_pool.submit(_execute, *plans[1])
+            results = [_execute(*plans[0]), second.result()]
+        else:
+            results = [_execute(*plan) for plan in plans]
+        for (node, _, rows), res in zip(plans, results, strict=True):
+            for row in rows:
+                out = res.get(row.req.id)
+                if row.req.status is not RequestStatus.RUNNING:
+                    continue  # failed while the other group was being built
+                if isinstance(out, BaseException):
+                    self._fail(row.req, out, "internal")
+                elif out is not None:
+                    self._complete_row(node, row, out)
 
     def _build_rows(self, node: LoadedNode, group_walk: str, ready: list[_Ready]) -> list[Row]:
         rows: list[Row] = []
@@ -500,6 +518,13 @@ class EngineCore:
 
     def _emit(self, out: RequestOutput) -> None:
         self._outputs.append(out)
+
+
+def _execute(node: LoadedNode, walk: str, rows: list[Row]) -> dict[str, object]:
+    try:
+        return node.executor.run(walk, rows)
+    except NodeExecutionError as exc:
+        return exc.partial
 
 
 def _error_type(exc: BaseException) -> str:
