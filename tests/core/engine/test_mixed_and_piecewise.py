@@ -103,3 +103,15 @@ def test_piecewise_region_gets_the_batch_sampler(make_engine):
     assert runner.calls > 0 and len(seen) == runner.calls
     assert all(s is not None and hasattr(s, "sample_aux") for s in seen)
     assert without.core.nodes["lm"].piecewise == {}
+
+
+def test_overlapping_nodes_changes_nothing(make_engine):
+    """With overlap on, the decoder's batch runs on a worker thread beside the LM's."""
+    ps = prompts(8, seed=8)
+    on, off = make_engine(overlap_nodes=True), make_engine(overlap_nodes=False)
+    for sampling in (GREEDY, SAMPLED):
+        a, b = run(on, ps, sampling), run(off, ps, sampling)
+        assert [t for t, _ in a] == [t for t, _ in b]
+        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
+    assert on.core._overlap_pool is not None  # the overlapped path actually ran
+    assert off.core._overlap_pool is None

@@ -28,7 +28,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     chunked_prefill: bool = True
     mixed_batches: bool = True
-    overlap_nodes: bool = True  # a second node's batch runs concurrently with the first
+    overlap_nodes: bool = False  # opt-in: a second node's batch runs beside the first (LM + codec)
     piecewise_graphs: bool = True
     attention_backend: str | None = None  # "torch" / "flashinfer"; None picks by device
     nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all

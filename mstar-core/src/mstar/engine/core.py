@@ -41,7 +41,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     chunked_prefill: bool = True
     mixed_batches: bool = True
-    overlap_nodes: bool = True  # run a second node's batch concurrently (e.g. LM + codec)
+    overlap_nodes: bool = False  # run a second node's batch concurrently (e.g. LM + codec)
 
 
 @dataclass
