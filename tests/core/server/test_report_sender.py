@@ -93,8 +93,9 @@ def test_real_engine_sends_one_message_per_step(tmp_path: Path):
     with Engine.from_model("toy", weights=write_checkpoint(tmp_path)) as engine:
         engine.add_step_listener(sender.step_ended)
         sampling = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
-        for i in range(4):
-            engine.add_request({"prompt_ids": torch.tensor([256, 65 + i])}, sampling, request_id=f"r{i}", _sink=sender.sink(frozenset({"token"})))
+        with engine._lock:  # all four start in the same step, whatever the thread timing
+            for i in range(4):
+                engine.add_request({"prompt_ids": torch.tensor([256, 65 + i])}, sampling, request_id=f"r{i}", _sink=sender.sink(frozenset({"token"})))
         deadline = time.monotonic() + 60
         finished: set[str] = set()
         while len(finished) < 4 and time.monotonic() < deadline:
