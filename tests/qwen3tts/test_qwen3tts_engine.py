@@ -100,13 +100,19 @@ def test_arrivals_mid_decode_share_mixed_steps(engines, tiny_ckpt, requests, alo
         return _orig(walk, engine_inputs, inputs)
 
     talker.preprocess = recording_preprocess
-    first = engine.add_request(**requests[3])
-    seen = []
-    while len(seen) < 3:  # let it decode a few frames first
-        out = first.queue.get()
-        if out.signal is not None:
-            seen.append(out)
-    second = engine.add_request(**requests[0])
+    # Holding the engine's lock keeps its thread out; the test steps the core itself, so
+    # the second request arrives mid-decode whatever the machine's load.
+    with engine._lock:
+        first = engine.add_request(**requests[3])
+        seen = []
+        while len(seen) < 3:  # let it decode a few frames first
+            for out in engine.core.step():
+                if out.request_id == first.request_id and out.signal is not None:
+                    seen.append(out)
+                else:
+                    first.queue.put(out)
+        assert first.request_id in engine.core.running, "the first request ended before the second arrived"
+        second = engine.add_request(**requests[0])
     late, rest = _collect(second), _collect(first)
     assert torch.equal(torch.cat(late["codes"]), alone[0].cat("codes"))
     assert torch.equal(torch.cat(late["audio"]), alone[0].cat("audio"))
