@@ -66,29 +66,56 @@ def _ceil_to_float32(x: Tensor) -> Tensor:
     return torch.where(x32.to(torch.float64) < x, up, x32)
 
 
+_CPU_PREFIX = 1024  # top-k/top-p cut-offs usually lie within the first ~1k sorted tokens
+
+
 def keep_threshold(probs: Tensor, st: SamplingTensors) -> Tensor:
     """float32 [B, 1]: tokens with prob >= this survive top_k, top_p and min_p.
 
     top_k/top_p work on a sorted copy and become a single probability threshold,
     so tokens tied at the boundary are all kept. The sort is skipped when no row
     uses them; the threshold is then 0, exactly what those rows get anyway.
+
+    On the CPU a full sort of a 150k vocabulary dominates a decode step, so the cut-off
+    is first sought in the top ``_CPU_PREFIX`` values (``topk``); only when some row's
+    cut-off lies beyond them does the full sort run. Both paths give every row the same
+    value (the prefix of a descending sort is the same, and the total mass is summed the
+    same way), so a row's result never depends on its batch.
     """
     batch, vocab = probs.shape
     pmax = probs.amax(dim=1, keepdim=True)
     min_p_thresh = _ceil_to_float32(st.min_p.unsqueeze(1) * pmax.to(torch.float64))
     if not st.needs_sort:
         return min_p_thresh
+    total = probs.sum(dim=1, keepdim=True, dtype=torch.float64)
+    if probs.device.type == "cpu" and vocab > _CPU_PREFIX:
+        prefix = torch.topk(probs, _CPU_PREFIX, dim=1, sorted=True).values
+        n, covered = _cut(prefix, total, st, vocab)
+        if bool(covered.all()):  # a host read, free on the CPU
+            return torch.maximum(prefix.gather(1, n - 1), min_p_thresh)
     sorted_p = torch.sort(probs, dim=1, descending=True).values
+    n, _ = _cut(sorted_p, total, st, vocab)
+    return torch.maximum(sorted_p.gather(1, n - 1), min_p_thresh)
+
+
+def _cut(sorted_p: Tensor, total: Tensor, st: SamplingTensors, vocab: int) -> tuple[Tensor, Tensor]:
+    """(n [B,1]: how many of the largest tokens top_k/top_p keep, covered [B,1]: whether
+    ``sorted_p`` — the first L values of the descending sort — was long enough to tell)."""
+    length = sorted_p.shape[1]
     cum = torch.cumsum(sorted_p, dim=1, dtype=torch.float64)
     k = torch.where(st.top_k > 0, st.top_k.clamp(max=vocab), vocab).unsqueeze(1)
-    mass_k = cum.gather(1, k - 1)
+    # Disabled top_k: the whole mass, summed the same way on every path.
+    mass_k = torch.where(k < vocab, cum.gather(1, (k.clamp(max=length) - 1)), total)
     # Exclusive cumsum: a token is in the nucleus while the mass before it < top_p.
     before = torch.nn.functional.pad(cum[:, :-1], (1, 0))
     n_p = (before < st.top_p.unsqueeze(1) * mass_k).sum(dim=1, keepdim=True)
+    top_p_off = st.top_p.unsqueeze(1) >= 1.0
+    # Known from the prefix: a top_k within it, or no top_k and a nucleus ending inside it.
+    covered = (k <= length) | ((k >= vocab) & (n_p < length) & ~top_p_off)
     # top_p == 1 must keep everything even where float cumsums saturate early.
-    n_p = torch.where(st.top_p.unsqueeze(1) >= 1.0, vocab, n_p)
-    n = torch.minimum(k, n_p.clamp(min=1))
-    return torch.maximum(sorted_p.gather(1, n - 1), min_p_thresh)
+    n_p = torch.where(top_p_off, vocab, n_p)
+    n = torch.minimum(k, n_p.clamp(min=1)).clamp(max=length)
+    return n, covered
 
 
 def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
