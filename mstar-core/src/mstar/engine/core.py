@@ -100,6 +100,7 @@ class EngineCore:
         }
         self._free_slots = list(range(self.config.max_num_seqs))
         self._overlap_pool: ThreadPoolExecutor | None = None
+        self.idle = False
         # Partitions run here only when all their nodes are placed here; streams from or
         # into other partitions cross processes through push_stream / stream events.
         self.local_partitions = tuple(
@@ -147,6 +148,7 @@ class EngineCore:
         self._reap_aborted()
         self._admit()
         groups = self._ready_groups()
+        self.idle = not groups  # nothing could run: only new input can change that
         if groups:
             key = self.policy.pick_group(groups)
             keys = [key]

@@ -92,6 +92,8 @@ class Engine:
         self._closed = False
         self.fatal_error: str | None = None
         self._step_listeners: list[Any] = []
+        self._inbox: list[Any] = []  # commands waiting for the loop (see _submit)
+        self._inbox_lock = threading.Lock()
 
     # ---- construction ---------------------------------------------------------------
     @classmethod
@@ -152,6 +154,21 @@ class Engine:
         priority: int = 0,
         _sink: Any = None,
     ) -> RequestHandle:
+        req, handle = self._new_request(inputs, sampling, kwargs, request_id, priority, _sink)
+        self._submit(lambda: self.core.add_request(req))
+        self._ensure_thread()
+        return handle
+
+    def _new_request(
+        self,
+        inputs: Mapping[str, torch.Tensor],
+        sampling: Mapping[str, Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        _sink: Any = None,
+    ) -> tuple[Request, RequestHandle]:
+        """Validate a request and register its output sink (caller's thread)."""
         if self.fatal_error:
             raise RuntimeError(f"engine is down: {self.fatal_error}")
         rid = request_id or uuid.uuid4().hex
@@ -167,15 +184,11 @@ class Engine:
             arrival=0,
             priority=priority,
         )
-        with self._lock:
-            if rid in self._queues:
-                raise ValueError(f"request id {rid!r} is already running")
-            sink = _sink if _sink is not None else queue.SimpleQueue()
-            self._queues[rid] = sink
-            self.core.add_request(req)
-        self._ensure_thread()
-        self._wake.set()
-        return RequestHandle(rid, {node: cfg.main.seed for node, cfg in configs.items()}, sink)
+        if rid in self._queues:
+            raise ValueError(f"request id {rid!r} is already running")
+        sink = _sink if _sink is not None else queue.SimpleQueue()
+        self._queues[rid] = sink
+        return req, RequestHandle(rid, {node: cfg.main.seed for node, cfg in configs.items()}, sink)
 
     def stats(self) -> dict[str, Any]:
         """A consistent snapshot for metrics, safe to call from any thread."""
@@ -199,21 +212,38 @@ class Engine:
         so a transport can send one message per step."""
         self._step_listeners.append(fn)
 
+    def _submit(self, command: Any) -> None:
+        """Run ``command`` on the core now if it is free, else queue it for the loop.
+
+        The loop holds the core's lock for a whole step and takes it again at once, so a
+        caller blocking on that lock can starve for many steps (requests then arrive one by
+        one). Commands keep their order: once one is queued, the rest queue behind it.
+        """
+        with self._inbox_lock:
+            if not self._inbox and self._lock.acquire(blocking=False):
+                try:
+                    command()
+                finally:
+                    self._lock.release()
+            else:
+                self._inbox.append(command)
+        self._wake.set()
+
+    def _drain_inbox(self) -> None:
+        with self._inbox_lock:
+            commands, self._inbox = self._inbox, []
+        for command in commands:
+            command()
+
     def push_stream(self, request_id: str, signal: str, value: torch.Tensor) -> None:
         """Feed an item of a stream produced by another engine process."""
-        with self._lock:
-            self.core.push_stream(request_id, signal, value)
-        self._wake.set()
+        self._submit(lambda: self.core.push_stream(request_id, signal, value))
 
     def close_stream(self, request_id: str, signal: str) -> None:
-        with self._lock:
-            self.core.close_stream(request_id, signal)
-        self._wake.set()
+        self._submit(lambda: self.core.close_stream(request_id, signal))
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self.core.abort(request_id)
-        self._wake.set()
+        self._submit(lambda: self.core.abort(request_id))
 
     def generate(self, inputs: Mapping[str, torch.Tensor], sampling: Mapping[str, Any] | None = None, **kw: Any) -> Iterator[RequestOutput]:
         handle = self.add_request(inputs, sampling, **kw)
@@ -243,10 +273,15 @@ class Engine:
 
     def run_batch(self, requests: list[dict[str, Any]]) -> list[CollectedOutput]:
         """Submit all requests at once (each a dict of ``add_request`` arguments) and wait."""
-        # Submitted under one lock so the engine sees them together (the same batch every
-        # run, whatever the thread timing).
-        with self._lock:
-            handles = [self.add_request(**r) for r in requests]
+        made = [self._new_request(**r) for r in requests]
+        handles = [h for _, h in made]
+
+        def add_all() -> None:  # one command: the engine sees them together, every run
+            for req, _ in made:
+                self.core.add_request(req)
+
+        self._submit(add_all)
+        self._ensure_thread()
         results = []
         for h in handles:
             col = CollectedOutput(h.request_id, seeds=h.seeds)
@@ -270,6 +305,7 @@ class Engine:
     def _loop(self) -> None:
         while not self._closed:
             with self._lock:
+                self._drain_inbox()
                 busy = self.core.has_work()
                 try:
                     outputs = self.core.step() if busy else []
@@ -294,8 +330,10 @@ class Engine:
                 if outputs:
                     for fn in self._step_listeners:
                         fn()
-            if not busy:
-                self._wake.wait(0.05)
+            if not busy or (self.core.idle and not outputs):
+                # Nothing to do until a command arrives (requests waiting on a stream from
+                # another process must not spin and starve the other threads).
+                self._wake.wait(0.05 if not busy else 0.005)
                 self._wake.clear()
 
     def close(self) -> None:
