@@ -7,23 +7,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from mstar.layers import RMSNorm, apply_rope
 from torch import nn
 
 from mstar_orpheus.config import head_dim, rope_params
-from mstar_orpheus.rope import RotaryEmbedding, apply_rope
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and scale in the model dtype, as Llama does.
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+from mstar_orpheus.rope import RotaryEmbedding
 
 
 class Attention(nn.Module):
