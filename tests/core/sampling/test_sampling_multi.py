@@ -190,3 +190,28 @@ def test_batch_sampler_binding_and_advance():
     sub = bs.subset(torch.tensor([True, False]))
     sub.sample_aux("talker", torch.randn(1, 24))
     assert ms.samplers["talker"].step_counters.tolist() == [0, 0, 0, 1]
+
+
+def test_batch_sampler_records_last_main_tokens():
+    ms = make_sampler()
+    for slot in (0, 1, 3):
+        ms.add_request(slot, MultiSamplingConfig(main=SamplingParams(seed=slot + 10)))
+    bs = ms.bind(torch.tensor([3, 0, 1]))
+    assert bs.last_main_tokens is None
+    # Aux draws are not main tokens.
+    bs.sample_aux("code", torch.randn(3, 11))
+    assert bs.last_main_tokens is None
+    logits = torch.randn(3, 40)
+    logits[:, 7] = 1e4  # every row must draw 7 under top_k=50, T=0.7
+    out = bs.sample(logits)
+    assert bs.last_main_tokens.tolist() == out.tokens.tolist() == [7, 7, 7]
+    # A subset's draws land in the parent's rows; rows nobody drew for hold -1.
+    bs2 = ms.bind(torch.tensor([3, 0, 1]))
+    sub = bs2.subset(torch.tensor([2, 0]))
+    logits = torch.full((2, 40), -1e4)
+    logits[0, 5] = logits[1, 9] = 0.0
+    assert sub.sample(logits).tokens.tolist() == [5, 9]
+    assert sub.last_main_tokens.tolist() == [5, 9]
+    assert bs2.last_main_tokens.tolist() == [9, -1, 5]
+    sub.subset(torch.tensor([0])).sample(logits[:1])
+    assert bs2.last_main_tokens.tolist() == [9, -1, 5]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -129,20 +129,32 @@ def _for_label(ids: PerLabelIds, label: str) -> TokenIds:
     return ids if label == MAIN_LABEL else ()
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class BatchSampler:
-    """A ``MultiSampler`` bound to one batch's slot ids and advance mask."""
+    """A ``MultiSampler`` bound to one batch's slot ids and advance mask.
+
+    ``last_main_tokens`` (int64 [B], None until the first ``sample``) holds the
+    main-label tokens drawn by the latest ``sample`` call of this step, so the
+    engine can apply stop rules without the model returning them. A handle from
+    ``subset`` writes its draws into its parent's rows too; rows no handle drew for
+    hold -1.
+    """
 
     sampler: MultiSampler
     slot_ids: Tensor
     advance: Tensor | None = None
+    last_main_tokens: Tensor | None = field(default=None, init=False)
+    _parent: BatchSampler | None = field(default=None, init=False, repr=False)
+    _rows: Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def labels(self) -> frozenset[str]:
         return self.sampler.labels
 
     def sample(self, logits: Tensor) -> SampleOutput:
-        return self.sampler.sample(logits, self.slot_ids, self.advance)
+        out = self.sampler.sample(logits, self.slot_ids, self.advance)
+        self._record(out.tokens)
+        return out
 
     def sample_aux(self, label: str, logits: Tensor) -> SampleOutput:
         return self.sampler.sample_aux(label, logits, self.slot_ids, self.advance)
@@ -153,6 +165,21 @@ class BatchSampler:
         Prefer an index tensor inside captured regions: bool-mask indexing syncs.
         """
         advance = None if self.advance is None else self.advance[rows]
-        return BatchSampler(self.sampler, self.slot_ids[rows], advance)
+        sub = BatchSampler(self.sampler, self.slot_ids[rows], advance)
+        sub._parent, sub._rows = self, rows
+        return sub
 
-
+    def _record(self, tokens: Tensor) -> None:
+        self.last_main_tokens = tokens
+        parent, rows = self._parent, self._rows
+        if parent is None or rows is None:
+            return
+        if parent.last_main_tokens is None:
+            parent.last_main_tokens = torch.full(
+                parent.slot_ids.shape, -1, dtype=torch.int64, device=tokens.device
+            )
+        else:
+            # Never write into a tensor handed out as a sample() result.
+            parent.last_main_tokens = parent.last_main_tokens.clone()
+        parent.last_main_tokens[rows] = tokens
+        parent._record(parent.last_main_tokens)
