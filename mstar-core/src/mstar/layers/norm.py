@@ -1,4 +1,4 @@
-"""Model-agnostic building blocks that model plugins share (no model names here)."""
+"""RMS normalisation as Llama-family references compute it."""
 
 from __future__ import annotations
 
@@ -19,10 +19,3 @@ class RMSNorm(nn.Module):
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding in the rotate-half layout (first and second half of each head)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin

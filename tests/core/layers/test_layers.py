@@ -1,0 +1,135 @@
+"""mstar.layers against transformers' Llama and Qwen3 code on tiny random configs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from mstar.layers import (
+    CheckpointMismatchError,
+    DecoderLayer,
+    RMSNorm,
+    RotaryEmbedding,
+    head_dim_of,
+    load_safetensors,
+    rope_parameters,
+)
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+
+class DenseCausalAttention:
+    """One sequence, no cache: the backend call the layers make, computed densely."""
+
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * (scale or 1 / math.sqrt(q.shape[-1]))
+        t = q.shape[0]
+        scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+        return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+class Stack(nn.Module):
+    """embed → DecoderLayers → norm, named like HF's ``*Model`` (no ``model.`` prefix)."""
+
+    def __init__(self, cfg: dict, qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.layers = nn.ModuleList(DecoderLayer(cfg, qk_norm) for _ in range(cfg["num_hidden_layers"]))
+        self.norm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.rope = RotaryEmbedding.from_config(cfg, head_dim_of(cfg))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(ids)
+        cos, sin = self.rope(torch.arange(ids.numel()), x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, DenseCausalAttention(), i)
+        return self.norm(x)
+
+
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=256)
+
+
+def _pair(hf_config, qk_norm: bool) -> tuple[nn.Module, Stack]:
+    torch.manual_seed(0)
+    hf = transformers.AutoModel.from_config(hf_config).eval()
+    with torch.no_grad():  # random norm scales, so a swapped or missing norm shows
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    ours = Stack(hf_config.to_dict(), qk_norm).eval()
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    return hf, ours
+
+
+@pytest.mark.parametrize(
+    "config_cls, qk_norm, extra",
+    [
+        ("Qwen3Config", True, dict(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+        ("LlamaConfig", False, dict(attention_bias=True, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+        ("LlamaConfig", False, dict(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})),
+    ],
+)
+def test_decoder_stack_matches_transformers(config_cls: str, qk_norm: bool, extra: dict) -> None:
+    hf_config = getattr(transformers, config_cls)(**TINY, **extra)
+    hf, ours = _pair(hf_config, qk_norm)
+    ids = torch.randint(0, TINY["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(input_ids=ids).last_hidden_state[0]
+        got = ours(ids[0])
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_rope_parameters_read_old_and_new_config_forms() -> None:
+    assert rope_parameters({"rope_theta": 5.0}) == {"rope_theta": 5.0, "rope_type": "default"}
+    old = rope_parameters({"rope_theta": 7.0, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    assert old == {"rope_theta": 7.0, "rope_type": "linear", "factor": 2.0}
+    with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
+        RotaryEmbedding(8, {"rope_type": "yarn", "factor": 2.0})
+
+
+def _save(model: nn.Module, path, **tensors: torch.Tensor) -> None:
+    from safetensors.torch import save_file
+
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    state.update(tensors)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path / "model.safetensors"))
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_load_safetensors_copies_under_prefix_and_accepts_tied(tmp_path) -> None:
+    src = Tied()
+    from safetensors.torch import save_file
+
+    save_file({"model.embed.weight": src.embed.weight.detach().clone(), "other.x": torch.zeros(1)},
+              str(tmp_path / "model.safetensors"))
+    dst = Tied()
+    load_safetensors(dst, tmp_path, prefix="model.")
+    torch.testing.assert_close(dst.head.weight, src.embed.weight, rtol=0, atol=0)
+
+
+def test_load_safetensors_is_strict(tmp_path) -> None:
+    cfg = dict(TINY, num_hidden_layers=1)
+    _save(Stack(cfg, False), tmp_path / "extra", **{"layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(4)})
+    with pytest.raises(CheckpointMismatchError, match=r"unexpected keys \['layers.0.self_attn.rotary_emb.inv_freq'\]"):
+        load_safetensors(Stack(cfg, False), tmp_path / "extra")
+    load_safetensors(Stack(cfg, False), tmp_path / "extra", ignore=[r"\.rotary_emb\.inv_freq$"])
+    with pytest.raises(CheckpointMismatchError, match=r"missing keys \['layers.0.self_attn.k_norm.weight', 'layers.0.self_attn.q_norm.weight'\]"):
+        load_safetensors(Stack(cfg, True), tmp_path / "extra", ignore=[r"inv_freq$"])
+    _save(Stack(dict(cfg, intermediate_size=40), False), tmp_path / "shape")
+    with pytest.raises(CheckpointMismatchError, match="shape mismatch for 3 tensor"):
+        load_safetensors(Stack(cfg, False), tmp_path / "shape")
