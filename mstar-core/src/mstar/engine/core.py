@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mstar.engine.executors import LoadedNode, NodeExecutionError, Row
+from mstar.engine.kv_history import KVHistory
 from mstar.engine.request import PreparedStep, Request, RequestOutput, RequestStatus, step_key
 from mstar.engine.scheduling_policy import FairOldestFirst, SchedulingPolicy
 from mstar.engine.stream_buffer import StreamBuffer
@@ -27,7 +28,6 @@ from mstar.graph.spec import iter_steps
 from mstar.model.spec import MixedBatchConfig
 from mstar.model.submodule_base import (
     STOP_ALL,
-    ARNodeInputs,
     CurrentForwardPassInfo,
     StopCheck,
 )
@@ -336,17 +336,16 @@ class EngineCore:
         assert node.kv is not None
         req = r.req
         replay = node.name in req.needs_replay
-        if replay:
-            inputs: ARNodeInputs = ARNodeInputs.concat(req.kv_history[node.name])
-            start, total = node.kv.num_tokens(req.id, "main"), inputs.input_seq_len
+        cached = node.kv.num_tokens(req.id, "main")
+        if replay:  # recompute the preempted cache first, exactly as it was fed
+            history = req.kv_history[node.name]
+            start, total = cached, history.length
         else:
-            inputs = prepared.inputs  # type: ignore[assignment]
             start, total = prepared.done, prepared.total
         remaining = total - start
         n = min(remaining, budget) if self.config.chunked_prefill else remaining
         if n <= 0 or (n < remaining and not self.config.chunked_prefill):
             return None
-        cached = node.kv.num_tokens(req.id, "main")
         if cached + n > node.max_model_len:
             if cached == 0 or not req.num_generated.get(node.name):
                 self._fail(req, ValueError(
@@ -357,9 +356,13 @@ class EngineCore:
                 req.finish_reason = req.finish_reason or "length"
                 self._stop_partition(req, r.partition)
             return None
+        if replay:
+            chunk = history.replay_chunk(start, n, node.submodule.split_inputs)
+            n = chunk.input_seq_len
+        else:
+            chunk = node.submodule.split_inputs(r.walk, prepared.info, prepared.inputs, start, start + n)  # type: ignore[arg-type]
         if not self._reserve(node, req, n, rows):
             return None
-        chunk = node.submodule.split_inputs(r.walk, prepared.info, inputs, start, start + n)
         completes = not replay and start + n == total
         prepared.info.num_computed_tokens = cached
         prepared.info.is_last_chunk = completes
@@ -387,7 +390,8 @@ class EngineCore:
     def _preempt(self, node: LoadedNode, victim: Request) -> None:
         assert node.kv is not None
         node.kv.free_request(victim.id)
-        if victim.kv_history.get(node.name):
+        history = victim.kv_history.get(node.name)
+        if history is not None and history.length:
             victim.needs_replay.add(node.name)
         self.stats.preemptions += 1
         log.debug("preempted %s on %s", victim.id, node.name)
@@ -396,10 +400,15 @@ class EngineCore:
     def _complete_row(self, node: LoadedNode, row: Row, outputs: dict[str, torch.Tensor]) -> None:
         req = row.req
         if node.kind is EngineKind.KV_CACHE:
+            assert node.kv is not None
             if row.replay:
-                req.needs_replay.discard(node.name)
+                if node.kv.num_tokens(req.id, "main") >= req.kv_history[node.name].length:
+                    req.needs_replay.discard(node.name)
                 return
-            req.kv_history.setdefault(node.name, []).append(row.inputs)  # type: ignore[arg-type]
+            start = row.prepared.done
+            req.kv_history.setdefault(node.name, KVHistory()).record(
+                row.walk, row.prepared.info, row.prepared.inputs, start, start + row.num_tokens  # type: ignore[arg-type]
+            )
             row.prepared.done += row.num_tokens
             if not row.completes:
                 return

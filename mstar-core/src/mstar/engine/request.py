@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
+from mstar.engine.kv_history import KVHistory
 from mstar.engine.stream_buffer import StreamBuffer
 from mstar.engine.walk_cursor import WalkCursor
 from mstar.graph import Step
 from mstar.model.submodule_base import (
-    ARNodeInputs,
     CurrentForwardPassInfo,
     NodeInputs,
     PerRequestState,
@@ -72,7 +72,7 @@ class Request:
     slots: dict[str, int] = field(default_factory=dict)  # sampling node -> sampler slot
     states: dict[str, PerRequestState] = field(default_factory=dict)
     prepared: dict[tuple[str, int], PreparedStep] = field(default_factory=dict)
-    kv_history: dict[str, list[ARNodeInputs]] = field(default_factory=dict)
+    kv_history: dict[str, KVHistory] = field(default_factory=dict)  # KV node -> what it was fed
     needs_replay: set[str] = field(default_factory=set)
     num_generated: dict[str, int] = field(default_factory=dict)
     ready_since: dict[tuple[str, int], int] = field(default_factory=dict)
