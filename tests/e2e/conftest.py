@@ -56,8 +56,9 @@ def shm_segments() -> set[str]:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None) -> None:
+    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
+        self.env = env
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = args
         self.log_path = log_path
@@ -76,7 +77,7 @@ class ServerProcess:
             cmd += ["--api-key", self.api_key]
         self.log = self.log_path.open("wb")
         # Its own session: a stray process can be killed as a group in teardown.
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -158,13 +159,13 @@ def toy_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def start_server(tmp_path_factory: pytest.TempPathFactory, toy_checkpoint: Path) -> Iterator:
-    """``start_server(extra_args, api_key=None) -> ServerProcess``; stopped at session end
-    unless the test stopped it."""
+    """``start_server(extra_args, api_key=None, env=None) -> ServerProcess``; stopped at
+    session end unless the test stopped it. A later ``--model`` in ``extra_args`` wins."""
     servers: list[ServerProcess] = []
 
-    def start(extra: list[str] | None = None, api_key: str | None = None) -> ServerProcess:
+    def start(extra: list[str] | None = None, api_key: str | None = None, env: dict[str, str] | None = None) -> ServerProcess:
         log = tmp_path_factory.mktemp("server") / "server.log"
-        server = ServerProcess(["--model", "toy", "--weights", str(toy_checkpoint), *(extra or [])], log, api_key)
+        server = ServerProcess(["--model", "toy", "--weights", str(toy_checkpoint), *(extra or [])], log, api_key, env)
         servers.append(server)
         server.start()
         return server

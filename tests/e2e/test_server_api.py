@@ -335,7 +335,8 @@ def test_engine_rejections_are_400(http, client):
     assert err["code"] == "context_length_exceeded" and "512" in err["message"]
     with http.stream("POST", "/v1/generate", json={**big, "stream": True}) as r:
         lines = [json.loads(line) for line in r.iter_lines() if line]
-    assert lines[-1]["error"]["code"] == "context_length_exceeded"
+    assert lines[-2]["error"]["code"] == "context_length_exceeded"
+    assert lines[-1]["finished"] and lines[-1]["finish_reason"] == "error"
     # The chat path's early check answers alike.
     chat = {"model": "toy", "messages": [{"role": "user", "content": "x" * 600}]}
     assert _assert_error(http.post("/v1/chat/completions", json=chat), 400)["code"] == "context_length_exceeded"

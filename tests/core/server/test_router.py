@@ -68,7 +68,7 @@ def test_an_error_in_one_engine_fails_the_request_and_aborts_the_others(setup):
     router, engines, _ = setup
     stream = router.submit("r", {}, {}, {}, None)
     router.on_events("b", [Event("r", finished=True, finish_reason="error", error="boom")])
-    assert drain(stream)[-1] == Finished("error", "boom", 500, "engine_error")
+    assert drain(stream)[-1] == Finished("error", "the engine failed while running this request: boom", 500, "engine_error")
     assert isinstance(engines["a"].sent[-1], AbortRequest)
 
 
@@ -82,8 +82,8 @@ def test_engine_error_types_map_to_http(setup, error_type, status, code):
     router.on_events("a", [Event("r", finished=True, finish_reason="error", error="ValueError: the prompt is empty", error_type=error_type)])
     fin = drain(stream)[-1]
     assert (fin.status, fin.code) == (status, code)
-    # A client's mistake reads as a message, without the Python exception's name.
-    assert fin.error == ("the prompt is empty" if status == 400 else "ValueError: the prompt is empty")
+    # No error body names a Python exception; a server fault says it is one.
+    assert fin.error == ("the prompt is empty" if status == 400 else "the engine failed while running this request: the prompt is empty")
 
 
 def test_engine_down_fails_its_requests_and_refuses_new_ones(setup):

@@ -46,11 +46,12 @@ class Finished:
 
 
 def engine_failure(error: str | None, error_type: str | None) -> Finished:
-    """The ``Finished`` of a request an engine failed; an unknown type is internal."""
+    """The ``Finished`` of a request an engine failed; an unknown type is internal. The
+    client never sees a Python exception name (the engine's log has the traceback)."""
     status, code = ENGINE_ERRORS.get(error_type or "internal", ENGINE_ERRORS["internal"])
-    message = error or "engine error"
-    if status < 500:  # the client's own mistake: no Python exception name in front
-        message = _EXC_PREFIX.sub("", message)
+    message = _EXC_PREFIX.sub("", error or "") or "engine error"
+    if status >= 500:
+        message = f"the engine failed while running this request: {message}"
     return Finished("error", message, status, code)
 
 
@@ -152,7 +153,10 @@ class Router:
         if _REASON_RANK.get(reason, 1) > _REASON_RANK.get(stream.reason, 0):
             stream.reason = reason
         if ev.error or reason == "error":
-            self.fail(stream.request_id, engine_failure(ev.error, ev.error_type))
+            fin = engine_failure(ev.error, ev.error_type)
+            if fin.status >= 500:
+                log.error("request %s failed in engine %s: %s", stream.request_id, engine, ev.error)
+            self.fail(stream.request_id, fin)
         elif reason == "abort" and stream.pending:
             self.abort(stream.request_id)
         elif not stream.pending:

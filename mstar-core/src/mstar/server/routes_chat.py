@@ -27,6 +27,7 @@ from mstar.server.streaming import (
     ManagedStreamingResponse,
     abort_on_disconnect,
     encode_json,
+    ending_with_error,
     sse,
 )
 
@@ -83,7 +84,8 @@ async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest, receiv
     await ex.start(req, sampling, signals)
     out = OutputTracker(rt, ex, adapter.text_decoder(), stop_strings(sampling.main.get("stop")), logprobs)
     if req.stream:
-        return ManagedStreamingResponse(_stream(rt, req, ex, out), ex.close, media_type="text/event-stream", headers=_headers(ex))
+        body = ending_with_error(_stream(rt, req, ex, out), ex, _error_frames)
+        return ManagedStreamingResponse(body, ex.close, media_type="text/event-stream", headers=_headers(ex))
     try:
         async with abort_on_disconnect(receive, ex.close):
             async for batch in ex.batches():
@@ -151,14 +153,14 @@ async def _stream(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, 
 
     # The hot path: the constant part of every chunk is encoded once per request.
     head = sse(base)[:-3] + b',"choices":[{"index":0,"delta":'
-    tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
-    lp_tail = b'},"finish_reason":null}]}\n\n'
+    plain_end = b',"logprobs":null,"finish_reason":null}]}\n\n'
+    logprobs_end = b'},"finish_reason":null}]}\n\n'
 
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: list[dict[str, Any]] | None = None) -> bytes:
         if finish is None and not logprobs:
-            return head + encode_json(delta) + tail
+            return head + encode_json(delta) + plain_end
         if finish is None:
-            return head + encode_json(delta) + b',"logprobs":{"content":' + encode_json(logprobs) + lp_tail
+            return head + encode_json(delta) + b',"logprobs":{"content":' + encode_json(logprobs) + logprobs_end
         return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
 
     def delta_of(text: str, audio: list[np.ndarray]) -> dict[str, Any]:
@@ -176,26 +178,25 @@ async def _stream(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, 
         return delta
 
     yield chunk({"role": "assistant", "content": "" if not req.wants_audio else None})
-    try:
-        async for batch in ex.batches():
-            text, audio = out.consume(batch)
-            delta = delta_of(text, audio)
-            entries = out.logprobs.take() if out.logprobs is not None else None
-            if delta or entries:
-                yield chunk(delta, logprobs=entries)
-            if out.text.stopped:
-                ex.stop()
-                break
-        tail = delta_of(out.finish(), [])
-        if tail:
-            yield chunk(tail)
-    except ApiError as exc:
-        yield sse(exc.body())
-        yield SSE_DONE
-        return
+    async for batch in ex.batches():
+        text, audio = out.consume(batch)
+        delta = delta_of(text, audio)
+        entries = out.logprobs.take() if out.logprobs is not None else None
+        if delta or entries:
+            yield chunk(delta, logprobs=entries)
+        if out.text.stopped:
+            ex.stop()
+            break
+    last = delta_of(out.finish(), [])  # the detokenizer's flush (e.g. a cut multi-byte character)
+    if last:
+        yield chunk(last)
     if ex.finish_reason == "abort":
         return  # the client is gone
     yield chunk({}, _finish_reason(ex.finish_reason))
     if req.stream_options is not None and req.stream_options.include_usage:
         yield sse({**base, "choices": [], "usage": _usage(ex, out)})
     yield SSE_DONE
+
+
+def _error_frames(exc: ApiError) -> tuple[bytes, bytes]:
+    return sse(exc.body()), SSE_DONE

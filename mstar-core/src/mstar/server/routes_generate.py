@@ -16,7 +16,12 @@ from mstar.api.protocol import GenerateRequest
 from mstar.api.tensors import concat_signal, safetensors_bytes, tensor_to_json
 from mstar.server.execution import Execution
 from mstar.server.runtime import ServerRuntime
-from mstar.server.streaming import ManagedStreamingResponse, abort_on_disconnect, ndjson
+from mstar.server.streaming import (
+    ManagedStreamingResponse,
+    abort_on_disconnect,
+    ending_with_error,
+    ndjson,
+)
 
 
 def client_signals(rt: ServerRuntime) -> list[str]:
@@ -36,7 +41,8 @@ async def generate(rt: ServerRuntime, req: GenerateRequest, receive: Receive) ->
     ex = Execution(rt, GENERATE, prefix="gen")
     await ex.start(req, req.sampling, req.signals)
     if req.stream:
-        return ManagedStreamingResponse(_ndjson(ex), ex.close, media_type="application/x-ndjson", headers={"x-request-id": ex.request_id})
+        body = ending_with_error(_ndjson(ex), ex, lambda exc: _ndjson_error_frames(ex, exc))
+        return ManagedStreamingResponse(body, ex.close, media_type="application/x-ndjson", headers={"x-request-id": ex.request_id})
     outputs: dict[str, list[torch.Tensor]] = {}
     try:
         async with abort_on_disconnect(receive, ex.close):
@@ -64,12 +70,12 @@ def _body(rt: ServerRuntime, ex: Execution, outputs: dict[str, Any]) -> dict[str
 
 
 async def _ndjson(ex: Execution) -> AsyncIterator[bytes]:
-    try:
-        async for batch in ex.batches():
-            for signal, value in batch:
-                yield ndjson({"signal": signal, "tensor": tensor_to_json(value)})
-    except ApiError as exc:
-        yield ndjson(exc.body())
-        return
+    async for batch in ex.batches():
+        for signal, value in batch:
+            yield ndjson({"signal": signal, "tensor": tensor_to_json(value)})
     if ex.finish_reason != "abort":
         yield ndjson({"finished": True, "finish_reason": ex.finish_reason, "id": ex.request_id, "seeds": ex.seeds})
+
+
+def _ndjson_error_frames(ex: Execution, exc: ApiError) -> tuple[bytes, bytes]:
+    return ndjson(exc.body()), ndjson({"finished": True, "finish_reason": "error", "id": ex.request_id, "seeds": ex.seeds})

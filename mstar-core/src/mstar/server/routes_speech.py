@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -18,7 +19,15 @@ from mstar.api.sampling import request_sampling
 from mstar.server.execution import Execution
 from mstar.server.output_tracker import OutputTracker
 from mstar.server.runtime import ServerRuntime
-from mstar.server.streaming import ManagedStreamingResponse, abort_on_disconnect, sse
+from mstar.server.streaming import (
+    IncompleteBody,
+    ManagedStreamingResponse,
+    abort_on_disconnect,
+    ending_with_error,
+    sse,
+)
+
+log = logging.getLogger("mstar.server")
 
 
 async def speech(rt: ServerRuntime, req: SpeechRequest, receive: Receive) -> Response:
@@ -36,9 +45,11 @@ async def speech(rt: ServerRuntime, req: SpeechRequest, receive: Receive) -> Res
     if ex.seed is not None:
         headers["x-mstar-seed"] = str(ex.seed)
     if req.stream_format == "sse":
-        return ManagedStreamingResponse(_sse(ex, out), ex.close, media_type="text/event-stream", headers=headers)
+        body = ending_with_error(_sse(ex, out), ex, lambda exc: _sse_error_frames(ex, exc))
+        return ManagedStreamingResponse(body, ex.close, media_type="text/event-stream", headers=headers)
     if req.stream_format == "audio":
-        return ManagedStreamingResponse(_raw(ex, out, req.response_format, sample_rate), ex.close, media_type=MEDIA_TYPES[req.response_format], headers=headers)
+        raw = _raw(ex, out, req.response_format, sample_rate)
+        return ManagedStreamingResponse(raw, ex.close, media_type=MEDIA_TYPES[req.response_format], headers=headers)
     try:
         async with abort_on_disconnect(receive, ex.close):
             async for batch in ex.batches():
@@ -53,24 +64,30 @@ async def speech(rt: ServerRuntime, req: SpeechRequest, receive: Receive) -> Res
 async def _raw(ex: Execution, out: OutputTracker, fmt: str, sample_rate: int) -> AsyncIterator[bytes]:
     if fmt == "wav":
         yield streaming_wav_header(sample_rate)
-    # Raw audio has no error channel: an engine error propagates and the connection is
-    # cut without the final chunk, so the client sees an incomplete body, not a short clip.
-    async for batch in ex.batches():
-        _, audio = out.consume(batch)
-        if audio:
-            yield to_pcm16(np.concatenate(audio))
-    out.finish()
-
-
-async def _sse(ex: Execution, out: OutputTracker) -> AsyncIterator[bytes]:
+    # Raw audio has no error channel: on a failure the chunked body ends without its last
+    # chunk (an incomplete body, never a clean short clip); the log has the request id.
     try:
         async for batch in ex.batches():
             _, audio = out.consume(batch)
             if audio:
-                yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(to_pcm16(np.concatenate(audio))).decode()})
+                yield to_pcm16(np.concatenate(audio))
         out.finish()
-    except ApiError as exc:
-        yield sse({"type": "error", **exc.body()})
-        return
+    except Exception as exc:
+        ex.finish_reason = "error"
+        log.warning("request %s failed mid-stream; cutting its raw audio body: %s", ex.request_id, exc)
+        raise IncompleteBody(ex.request_id) from exc
+
+
+async def _sse(ex: Execution, out: OutputTracker) -> AsyncIterator[bytes]:
+    async for batch in ex.batches():
+        _, audio = out.consume(batch)
+        if audio:
+            yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(to_pcm16(np.concatenate(audio))).decode()})
+    out.finish()
     if ex.finish_reason != "abort":
         yield sse({"type": "speech.audio.done", "finish_reason": ex.finish_reason, "seed": ex.seed})
+
+
+def _sse_error_frames(ex: Execution, exc: ApiError) -> tuple[bytes, bytes]:
+    """An error event, then the usual last event so a reader always sees the end."""
+    return sse({"type": "error", **exc.body()}), sse({"type": "speech.audio.done", "finish_reason": "error", "seed": ex.seed})
