@@ -1,0 +1,200 @@
+"""Node ``thinker``: the Thinker LLM as an ``ARNodeSubmodule``. The prefill places encoder
+outputs on their placeholder tokens and uses the prompt's M-RoPE positions; every step
+samples the next token with the batch's sampler."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from mstar.model.submodule_base import (
+    ARNodeInputs,
+    ARNodeSubmodule,
+    BatchedModelOutput,
+    CurrentForwardPassInfo,
+    KVCacheLayout,
+    ModelInputsFromEngine,
+)
+from torch import nn
+
+from mstar_qwen3omni.config import MultimodalTokens, TextConfig
+from mstar_qwen3omni.positions import prompt_positions
+from mstar_qwen3omni.text_model import ThinkerLM
+
+ROPE_DELTA = "rope_delta"  # per-request state and prefill kwarg: decode position offset
+RETURN_LOGITS = "return_logits"  # request kwarg: also emit each step's logits (parity, debugging)
+# Prefill tensor inputs: encoder outputs by prompt row (``*_rows`` index the prompt).
+MM_ROWS, MM_EMBEDS, DS_ROWS, DS_EMBEDS = "mm_rows", "mm_embeds", "ds_rows", "ds_embeds"
+# Request signals the prefill reads when present: encoder outputs [n, H] (deepstack [L, n, H]).
+IMAGE_EMBEDS, IMAGE_DEEPSTACK = "image_embeds", "image_deepstack"
+VIDEO_EMBEDS, VIDEO_DEEPSTACK = "video_embeds", "video_deepstack"
+AUDIO_EMBEDS = "audio_embeds"
+
+
+class ThinkerNode(ARNodeSubmodule):
+    def __init__(self, config: dict[str, Any], dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.text = TextConfig.from_config(config)
+        self.mm = MultimodalTokens.from_config(config)
+        self.dtype = dtype
+        self.lm = ThinkerLM(self.text)
+
+    # ---- contract ----------------------------------------------------------------------
+    def kv_cache_layout(self) -> KVCacheLayout:
+        return KVCacheLayout(self.text.num_layers, self.text.num_kv_heads, self.text.head_dim, self.dtype)
+
+    def max_model_len(self) -> int:
+        return self.text.max_position_embeddings
+
+    def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
+        if info.walk != "prefill":
+            ids = torch.as_tensor(signals["token"]).reshape(-1).to(torch.long)
+            return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
+        ids = torch.as_tensor(signals["prompt_ids"]).reshape(-1).to(torch.long)
+        if ids.numel() == 0:
+            raise ValueError("the prompt is empty")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.text.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.text.vocab_size})")
+        positions, delta = prompt_positions(
+            ids,
+            self.mm,
+            image_grid_thw=signals.get("image_grid_thw"),
+            video_grid_thw=signals.get("video_grid_thw"),
+            video_second_per_grid=signals.get("video_second_per_grid"),
+            audio_feature_lengths=signals.get("audio_feature_lengths"),
+        )
+        return ARNodeInputs(
+            input_ids=ids,
+            custom_pos_ids=positions,
+            input_seq_len=ids.numel(),
+            tensor_inputs=self._media_inputs(ids, signals),
+            kwargs={ROPE_DELTA: delta},
+        )
+
+    def split_inputs(
+        self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs, start: int, end: int
+    ) -> ARNodeInputs:
+        part = inputs.slice(start, end)
+        t = inputs.tensor_inputs
+        if not t:
+            return part
+        chunk: dict[str, torch.Tensor] = {}
+        for rows_key, embeds_key, dim in ((MM_ROWS, MM_EMBEDS, 0), (DS_ROWS, DS_EMBEDS, 1)):
+            if rows_key in t:
+                keep = (t[rows_key] >= start) & (t[rows_key] < end)
+                chunk[rows_key] = t[rows_key][keep] - start
+                chunk[embeds_key] = t[embeds_key][:, keep] if dim else t[embeds_key][keep]
+        part.tensor_inputs = chunk
+        return part
+
+    def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
+        device = self.lm.model.embed_tokens.weight.device
+        assert engine_inputs.positions is not None and engine_inputs.qo_indptr is not None
+        states = engine_inputs.per_request_states
+        starts = engine_inputs.qo_indptr[:-1].tolist()
+        deltas = []
+        for rid, inp in zip(engine_inputs.request_ids, inputs, strict=True):
+            if ROPE_DELTA in inp.kwargs and rid in states:
+                states[rid].add(ROPE_DELTA, inp.kwargs[ROPE_DELTA])
+            deltas.append(float(states[rid].get(ROPE_DELTA, 0.0)) if rid in states else 0.0)
+        counts = torch.tensor([i.input_seq_len for i in inputs])
+        # Decode rows (and text): the cache position plus the request's rope delta, all axes equal.
+        pos = engine_inputs.positions.to(torch.float32).cpu() + torch.tensor(deltas).repeat_interleave(counts)
+        positions = pos.expand(3, -1).clone()
+        mm_rows, mm_embeds, ds_rows, ds_embeds = [], [], [], []
+        for start, inp in zip(starts, inputs, strict=True):
+            if inp.custom_pos_ids is not None:
+                positions[:, start : start + inp.input_seq_len] = inp.custom_pos_ids.to(torch.float32)
+            t = inp.tensor_inputs
+            if MM_ROWS in t:
+                mm_rows.append(t[MM_ROWS] + start)
+                mm_embeds.append(t[MM_EMBEDS])
+            if DS_ROWS in t:
+                ds_rows.append(t[DS_ROWS] + start)
+                ds_embeds.append(t[DS_EMBEDS])
+        out: dict[str, Any] = {
+            "input_ids": torch.cat([i.input_ids for i in inputs]).to(device),
+            "positions": positions.to(device),
+        }
+        if mm_rows:
+            out["mm_rows"] = torch.cat(mm_rows).to(device)
+            out["mm_embeds"] = torch.cat(mm_embeds).to(device, self.dtype)
+        if ds_rows:
+            out["ds_rows"] = torch.cat(ds_rows).to(device)
+            out["ds_embeds"] = list(torch.cat(ds_embeds, dim=1).to(device, self.dtype).unbind(0))
+        return out
+
+    def forward_batched(
+        self,
+        graph_walk: str,
+        engine_inputs: ModelInputsFromEngine,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mm_rows: torch.Tensor | None = None,
+        mm_embeds: torch.Tensor | None = None,
+        ds_rows: torch.Tensor | None = None,
+        ds_embeds: list[torch.Tensor] | None = None,
+    ) -> BatchedModelOutput:
+        embeds = self.lm.model.embed_tokens(input_ids)
+        if mm_rows is not None and mm_embeds is not None and mm_rows.numel():
+            embeds = embeds.index_copy(0, mm_rows, mm_embeds)
+        if ds_rows is not None and not ds_rows.numel():
+            ds_rows, ds_embeds = None, None
+        hidden = self.lm.model(embeds, positions, engine_inputs.attention, ds_embeds, ds_rows)
+        last = hidden[engine_inputs.last_token_index.long()]
+        runner = engine_inputs.piecewise_runners.get("head")
+        out = runner({"hidden": last}) if runner is not None else self.sample_head({"hidden": last}, engine_inputs.sampler)
+        return BatchedModelOutput(row_outputs={"token": out["token"][:, None]}, per_rid_outputs=self._debug_logits(engine_inputs, out["logits"]))
+
+    # ---- pieces ------------------------------------------------------------------------
+    def sample_head(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
+        """The region a piecewise runner may capture: final norm, LM head, sampling."""
+        logits = self.lm.logits(static_inputs["hidden"])
+        return {"token": sampler.sample(logits).tokens, "logits": logits}
+
+    def _media_inputs(self, ids: torch.Tensor, signals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Encoder outputs by prompt row; counts must equal the placeholders."""
+        rows, embeds, ds_rows, ds = [], [], [], []
+        for token, key, deep in (
+            (self.mm.image_token_id, IMAGE_EMBEDS, IMAGE_DEEPSTACK),
+            (self.mm.video_token_id, VIDEO_EMBEDS, VIDEO_DEEPSTACK),
+            (self.mm.audio_token_id, AUDIO_EMBEDS, None),
+        ):
+            where = torch.nonzero(ids == token).reshape(-1)
+            value = signals.get(key)
+            if value is None:
+                if where.numel():
+                    raise ValueError(f"the prompt has {where.numel()} {key.split('_')[0]} placeholders but no {key.split('_')[0]} input")
+                continue
+            value = torch.as_tensor(value)
+            if value.shape != (where.numel(), self.text.hidden_size):
+                raise ValueError(f"{key} has shape {list(value.shape)}; the prompt needs [{where.numel()}, {self.text.hidden_size}]")
+            rows.append(where)
+            embeds.append(value)
+            if deep is not None and signals.get(deep) is not None:
+                ds_rows.append(where)
+                ds.append(torch.as_tensor(signals[deep]))
+        out: dict[str, torch.Tensor] = {}
+        if rows:
+            out[MM_ROWS], out[MM_EMBEDS] = torch.cat(rows), torch.cat(embeds)
+        if ds_rows:
+            out[DS_ROWS], out[DS_EMBEDS] = torch.cat(ds_rows), torch.cat(ds, dim=1)
+        return out
+
+    def _debug_logits(self, engine_inputs: ModelInputsFromEngine, logits: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for b, rid in enumerate(engine_inputs.request_ids):
+            info = engine_inputs.per_request_info[rid]
+            if info.is_last_chunk and info.request_kwargs.get(RETURN_LOGITS):
+                out[rid] = {"logits": logits[b : b + 1].float()}
+        return out
+
+    def init_random(self, std: float) -> None:
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+            else:
+                nn.init.normal_(p, std=std)

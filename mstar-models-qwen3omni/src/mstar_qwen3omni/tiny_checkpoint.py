@@ -1,0 +1,90 @@
+"""Tiny random Qwen3-Omni checkpoints in the released layout, written with transformers' own
+``Qwen3OmniMoeForConditionalGeneration`` (Thinker only: ``enable_audio_output=False``, as the
+-Thinking and -Captioner checkpoints): config.json, model.safetensors (``thinker.*`` keys, one
+module per expert), generation_config.json, and a small tokenizer with the real special ids."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+TINY_TEXT: dict[str, Any] = dict(
+    vocab_size=152064,  # the released size: the special tokens sit at their real ids
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    moe_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[2],  # one dense layer among MoE blocks
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 1_000_000.0,
+        "mrope_section": [6, 5, 5],  # 16 frequency pairs, interleaved like the released [24, 20, 20]
+        "interleaved": True,
+        "mrope_interleaved": True,
+    },
+    initializer_range=0.08,  # away from near-ties between tokens in a 150k vocabulary
+)
+TINY_AUDIO: dict[str, Any] = dict(
+    num_mel_bins=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64, d_model=32,
+    downsample_hidden_size=8, max_source_positions=100, n_window=50, n_window_infer=200, conv_chunksize=3,
+)
+TINY_VISION: dict[str, Any] = dict(
+    depth=3, hidden_size=32, intermediate_size=64, num_heads=4, in_channels=3, patch_size=4,
+    spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=36, deepstack_visual_indexes=[0, 2],
+)
+# The released Thinker's special ids and position rules.
+THINKER_IDS: dict[str, Any] = dict(
+    audio_token_id=151675, image_token_id=151655, video_token_id=151656,
+    vision_start_token_id=151652, vision_end_token_id=151653,
+    audio_start_token_id=151669, audio_end_token_id=151670,
+    user_token_id=872, position_id_per_seconds=13, seconds_per_chunk=2,
+)
+EOS_TOKEN_IDS = [151645, 151643]  # <|im_end|>, <|endoftext|>
+
+
+def write_checkpoint(
+    path: Path,
+    text: dict[str, Any] | None = None,
+    audio: dict[str, Any] | None = None,
+    vision: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write the checkpoint into ``path`` (created); ``text``/``audio``/``vision`` override
+    entries of the tiny configs. Returns ``path``."""
+    import torch
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    from mstar_qwen3omni.tiny_tokenizer import write_tokenizer
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    text_cfg = {**copy.deepcopy(TINY_TEXT), **(text or {})}
+    hidden = text_cfg["hidden_size"]
+    audio_cfg = {**TINY_AUDIO, "output_dim": hidden, **(audio or {})}
+    vision_cfg = {**TINY_VISION, "out_hidden_size": hidden, **(vision or {})}
+    config = Qwen3OmniMoeConfig(
+        thinker_config=dict(
+            text_config=text_cfg, audio_config=audio_cfg, vision_config=vision_cfg,
+            initializer_range=text_cfg["initializer_range"], **THINKER_IDS,
+        ),
+        enable_audio_output=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    model.save_pretrained(path)
+    write_tokenizer(path)
+    (path / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": EOS_TOKEN_IDS, "pad_token_id": 151643}, indent=2)
+    )
+    return path
