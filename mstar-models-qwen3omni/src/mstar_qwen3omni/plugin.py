@@ -1,8 +1,8 @@
 """Qwen3-Omni's hook implementations (entry point ``qwen3omni`` in ``mstar.models``).
 
 Graph: partition ``thinker`` runs ``prefill`` then the ``decode`` loop on the KV node
-``thinker``; each step samples one text token. Prefill and decode rows of different
-requests share one forward (a mixed batch).
+``thinker`` (``mstar.text.lm``'s text-LLM graph and signals); each step samples one text
+token. Prefill and decode rows of different requests share one forward (a mixed batch).
 """
 
 from __future__ import annotations
@@ -12,47 +12,32 @@ from pathlib import Path
 from typing import Any
 
 from mstar import hookimpl
-from mstar.graph import EngineKind, GraphSpec, LinearWalks, Loop, NodeSpec, Signal, Step, Walk
-from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig
+from mstar.graph import GraphSpec
+from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers
 
 from mstar_qwen3omni.config import ARCHITECTURE, load_config
 
 MODEL_NAME = "qwen3omni"
 THINKER = "thinker"
-THINKER_OUTPUTS = ("token", "logits")
-# Released default: <|im_end|>, <|endoftext|> (generation_config.json overrides).
-DEFAULT_EOS = (151645, 151643)
+GENERATION_CONFIG = "generation_config"
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
-    return GraphSpec(
-        nodes={THINKER: NodeSpec(THINKER, EngineKind.KV_CACHE)},
-        signals={
-            "token": Signal("token", to_client=True, persist=True),
-            "logits": Signal("logits", to_client=True),  # only for requests asking for it
-        },
-        walks={
-            "prefill": Walk("prefill", THINKER, Step(THINKER, inputs=("prompt_ids",), outputs=THINKER_OUTPUTS)),
-            "decode": Walk(
-                "decode", THINKER, Loop("decode_loop", Step(THINKER, ("token",), THINKER_OUTPUTS), stop_on=(THINKER,))
-            ),
-        },
-        state_machine=LinearWalks({THINKER: ("prefill", "decode")}),
-        request_inputs=("prompt_ids",),
-    )
+    from mstar.text.lm import text_lm_graph
+
+    return text_lm_graph(THINKER)
 
 
-def eos_token_ids(config: dict[str, Any]) -> tuple[int, ...]:
-    ids = config.get("_generation", {}).get("eos_token_id", DEFAULT_EOS)
-    return tuple(int(i) for i in (ids if isinstance(ids, list | tuple) else [ids]))
+def text_view(config: dict[str, Any]) -> dict[str, Any]:
+    """The Thinker's text config with the checkpoint's generation config: the flat keys
+    ``mstar.text`` reads (vocab_size, max_position_embeddings, EOS ids)."""
+    return {**config["thinker_config"]["text_config"], GENERATION_CONFIG: config.get(GENERATION_CONFIG) or {}}
 
 
 def _load_config(checkpoint_dir: Path) -> dict[str, Any]:
     config = load_config(checkpoint_dir)
     gen = Path(checkpoint_dir) / "generation_config.json"
-    if gen.is_file():
-        config = {**config, "_generation": json.loads(gen.read_text())}
-    return config
+    return {**config, GENERATION_CONFIG: json.loads(gen.read_text())} if gen.is_file() else config
 
 
 def _write_tiny(path: Path) -> None:
@@ -79,7 +64,7 @@ def mstar_model_spec() -> ModelSpec:
         build_graph=build_graph,
         write_tiny_checkpoint=_write_tiny,
         default_placement={THINKER: "0"},
-        max_model_len=lambda cfg: int(cfg["thinker_config"]["text_config"].get("max_position_embeddings", 32768)),
+        max_model_len=lambda cfg: int(text_view(cfg).get("max_position_embeddings", 32768)),
         example_requests=_example_requests,
     )
 
@@ -93,27 +78,24 @@ def mstar_node_factories(config: dict) -> dict[str, Any]:
 
 @hookimpl
 def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
-    from mstar.sampling import SamplingParams
+    from mstar.text.lm import text_lm_samplers
 
-    gen = config.get("_generation", {})
+    gen = config.get(GENERATION_CONFIG) or {}
     defaults = {k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in gen}
-    return {
-        THINKER: NodeSamplers(
-            vocab_size=int(config["thinker_config"]["text_config"]["vocab_size"]),
-            main=SamplingParams(**{"max_tokens": 1024, **defaults}),
-            stop_token_ids=eos_token_ids(config),
-            prompt_signal="prompt_ids",
-        )
-    }
+    return text_lm_samplers(text_view(config), THINKER, **{"max_tokens": 1024, **defaults})
 
 
 @hookimpl
 def mstar_mixed_batch_configs(model_name: str, config: dict) -> list[MixedBatchConfig]:
-    return [MixedBatchConfig(node=THINKER, walks=("prefill", "decode"), merged_walk="mixed", max_rows={"prefill": 8})]
+    from mstar.text.lm import text_lm_mixed_batches
+
+    return text_lm_mixed_batches(THINKER)
 
 
 @hookimpl
-def mstar_piecewise_graph_configs(model_name: str, node: str, submodule: Any) -> dict[str, PiecewiseGraphConfig]:
-    if node != THINKER:
-        return {}
-    return {"head": PiecewiseGraphConfig("head", submodule.sample_head, ("hidden",), uses_sampler=True)}
+def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None) -> Any:
+    from mstar.api.text_adapter import TextLMAdapter
+
+    if checkpoint_dir is None:
+        raise ValueError("the Qwen3-Omni API adapter needs the checkpoint directory (tokenizer, chat template)")
+    return TextLMAdapter(checkpoint_dir, text_view(config), node=THINKER)

@@ -1,6 +1,6 @@
 """Node ``thinker``: the Thinker LLM as an ``ARNodeSubmodule``. The prefill places encoder
 outputs on their placeholder tokens and uses the prompt's M-RoPE positions; every step
-samples the next token with the batch's sampler."""
+samples the next token with the batch's sampler (``mstar.text.lm``'s signals)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from mstar.model.submodule_base import (
     KVCacheLayout,
     ModelInputsFromEngine,
 )
+from mstar.text.lm import PREFILL, PROMPT, TOKENS, sample_step
 from torch import nn
 
 from mstar_qwen3omni.config import MultimodalTokens, TextConfig
@@ -23,7 +24,6 @@ from mstar_qwen3omni.positions import prompt_positions
 from mstar_qwen3omni.text_model import ThinkerLM
 
 ROPE_DELTA = "rope_delta"  # per-request state and prefill kwarg: decode position offset
-RETURN_LOGITS = "return_logits"  # request kwarg: also emit each step's logits (parity, debugging)
 # Prefill tensor inputs: encoder outputs by prompt row (``*_rows`` index the prompt).
 MM_ROWS, MM_EMBEDS, DS_ROWS, DS_EMBEDS = "mm_rows", "mm_embeds", "ds_rows", "ds_embeds"
 # Request signals the prefill reads when present: encoder outputs [n, H] (deepstack [L, n, H]).
@@ -48,10 +48,10 @@ class ThinkerNode(ARNodeSubmodule):
         return self.text.max_position_embeddings
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
-        if info.walk != "prefill":
-            ids = torch.as_tensor(signals["token"]).reshape(-1).to(torch.long)
+        if info.walk != PREFILL:
+            ids = torch.as_tensor(signals[TOKENS]).reshape(-1).to(torch.long)
             return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
-        ids = torch.as_tensor(signals["prompt_ids"]).reshape(-1).to(torch.long)
+        ids = torch.as_tensor(signals[PROMPT]).reshape(-1).to(torch.long)
         if ids.numel() == 0:
             raise ValueError("the prompt is empty")
         if int(ids.min()) < 0 or int(ids.max()) >= self.text.vocab_size:
@@ -142,16 +142,10 @@ class ThinkerNode(ARNodeSubmodule):
         if ds_rows is not None and not ds_rows.numel():
             ds_rows, ds_embeds = None, None
         hidden = self.lm.model(embeds, positions, engine_inputs.attention, ds_embeds, ds_rows)
-        last = hidden[engine_inputs.last_token_index.long()]
-        runner = engine_inputs.piecewise_runners.get("head")
-        out = runner({"hidden": last}) if runner is not None else self.sample_head({"hidden": last}, engine_inputs.sampler)
-        return BatchedModelOutput(row_outputs={"token": out["token"][:, None]}, per_rid_outputs=self._debug_logits(engine_inputs, out["logits"]))
+        # Tokens, logprobs and (for return_logits requests) logits, as mstar.text.lm defines them.
+        return sample_step(self.lm.logits(hidden[engine_inputs.last_token_index.long()]), engine_inputs)
 
     # ---- pieces ------------------------------------------------------------------------
-    def sample_head(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
-        """The region a piecewise runner may capture: final norm, LM head, sampling."""
-        logits = self.lm.logits(static_inputs["hidden"])
-        return {"token": sampler.sample(logits).tokens, "logits": logits}
 
     def _media_inputs(self, ids: torch.Tensor, signals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Encoder outputs by prompt row; counts must equal the placeholders."""
@@ -180,14 +174,6 @@ class ThinkerNode(ARNodeSubmodule):
             out[MM_ROWS], out[MM_EMBEDS] = torch.cat(rows), torch.cat(embeds)
         if ds_rows:
             out[DS_ROWS], out[DS_EMBEDS] = torch.cat(ds_rows), torch.cat(ds, dim=1)
-        return out
-
-    def _debug_logits(self, engine_inputs: ModelInputsFromEngine, logits: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
-        out: dict[str, dict[str, torch.Tensor]] = {}
-        for b, rid in enumerate(engine_inputs.request_ids):
-            info = engine_inputs.per_request_info[rid]
-            if info.is_last_chunk and info.request_kwargs.get(RETURN_LOGITS):
-                out[rid] = {"logits": logits[b : b + 1].float()}
         return out
 
     def init_random(self, std: float) -> None:
