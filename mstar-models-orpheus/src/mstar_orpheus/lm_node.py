@@ -9,7 +9,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from mstar.model.submodule_base import (
-    STOP_ALL,
     ARNodeInputs,
     ARNodeSubmodule,
     BatchedModelOutput,
@@ -88,20 +87,9 @@ class OrpheusLM(ARNodeSubmodule):
     def check_stop_batched(
         self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput
     ) -> BatchedStopCheck:
-        tokens = outputs.row_outputs["token"][:, 0].tolist()
+        # Core applies max_tokens and the stop ids; only accepted audio codes enter the stream.
         audio = outputs.row_outputs["is_audio"][:, 0].tolist()
-        checks: dict[str, StopCheck] = {}
-        for rid, info, tok, is_audio in zip(request_ids, infos, tokens, audio, strict=True):
-            params = info.sampling
-            assert params is not None
-            withheld = () if is_audio else ("code",)  # only accepted audio codes enter the stream
-            if (tok == self.tokens.end_of_speech and not params.ignore_eos) or tok in params.stop_token_ids:
-                checks[rid] = StopCheck(frozenset({STOP_ALL}), withheld, "stop")
-            elif info.num_generated + 1 >= params.max_tokens:
-                checks[rid] = StopCheck(frozenset({STOP_ALL}), withheld, "length")
-            elif withheld:
-                checks[rid] = StopCheck(withheld=withheld)
-        return BatchedStopCheck(checks)
+        return BatchedStopCheck({rid: StopCheck(withheld=("code",)) for rid, ok in zip(request_ids, audio, strict=True) if not ok})
 
     # ---- pieces ------------------------------------------------------------------------
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -139,6 +139,7 @@ def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
             main=SamplingParams(temperature=0.6, top_p=0.8, repetition_penalty=1.3, max_tokens=1200),
             stop_token_ids=(tokens.end_of_speech,),
             prompt_signal="prompt_ids",
+            withhold_on_stop=("code",),  # the end-of-speech token itself still reaches the client
         )
     }
 

@@ -165,6 +165,7 @@ def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
             aux={AUX_LABEL: aux},
             aux_vocab_sizes={AUX_LABEL: cfg.talker.predictor.vocab_size},  # type: ignore[union-attr]
             stop_token_ids=(cfg.talker.codec_eos_token_id,),
+            withhold_on_stop=("codes", "next_embed"),
         )
     }
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from mstar.model.submodule_base import (
-    STOP_ALL,
     ARNodeInputs,
     ARNodeSubmodule,
     BatchedModelOutput,
@@ -150,21 +149,10 @@ class Talker(ARNodeSubmodule):
     def check_stop_batched(
         self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput
     ) -> BatchedStopCheck:
+        # Core applies max_tokens and the stop ids; an EOS frame kept by ignore_eos has no audio.
         firsts = outputs.row_outputs["codes"][:, 0, 0].tolist()
         eos = self.cfg.codec_eos_token_id
-        checks: dict[str, StopCheck] = {}
-        for rid, info, tok in zip(request_ids, infos, firsts, strict=True):
-            params = info.sampling
-            assert params is not None
-            ends = (tok == eos and not params.ignore_eos) or tok in params.stop_token_ids
-            last = info.num_generated + 1 >= params.max_tokens
-            if ends:
-                checks[rid] = StopCheck(frozenset({STOP_ALL}), ("codes", "next_embed"), "stop")
-            elif tok == eos:  # ignore_eos: keep going, but an EOS frame has no audio
-                checks[rid] = StopCheck(frozenset({STOP_ALL}) if last else frozenset(), ("codes",), "length" if last else None)
-            elif last:
-                checks[rid] = StopCheck(frozenset({STOP_ALL}), (), "length")
-        return BatchedStopCheck(checks)
+        return BatchedStopCheck({rid: StopCheck(withheld=("codes",)) for rid, tok in zip(request_ids, firsts, strict=True) if tok == eos})
 
 
 def _check_range(name: str, ids: torch.Tensor, low: int, high: int) -> None:

@@ -9,15 +9,12 @@ import torch
 import torch.nn.functional as F
 from mstar.layers import RMSNorm, apply_rope
 from mstar.model.submodule_base import (
-    STOP_ALL,
     ARNodeInputs,
     ARNodeSubmodule,
     BatchedModelOutput,
-    BatchedStopCheck,
     CurrentForwardPassInfo,
     KVCacheLayout,
     ModelInputsFromEngine,
-    StopCheck,
 )
 from torch import nn
 
@@ -143,15 +140,3 @@ class ToyLM(ARNodeSubmodule):
         if main.top_logprob_ids is not None:  # some registered request asked for top logprobs
             out[TOP_IDS], out[TOP_VALUES] = main.top_logprob_ids, main.top_logprob_values
         return out
-
-    def check_stop_batched(self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput) -> BatchedStopCheck:
-        tokens = outputs.row_outputs["token"][:, 0].tolist()
-        checks = {}
-        for rid, info, tok in zip(request_ids, infos, tokens, strict=True):
-            params = info.sampling
-            assert params is not None
-            if (tok == self.eos_token_id and not params.ignore_eos) or tok in params.stop_token_ids:
-                checks[rid] = StopCheck(frozenset({STOP_ALL}), ("token", "codes", *LOGPROB_SIGNALS), "stop")
-            elif info.num_generated + 1 >= params.max_tokens:
-                checks[rid] = StopCheck(frozenset({STOP_ALL}), (), "length")
-        return BatchedStopCheck(checks)

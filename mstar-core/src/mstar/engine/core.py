@@ -21,6 +21,7 @@ from mstar.engine.executors import LoadedNode, NodeExecutionError, Row
 from mstar.engine.kv_history import KVHistory
 from mstar.engine.request import PreparedStep, Request, RequestOutput, RequestStatus, step_key
 from mstar.engine.scheduling_policy import FairOldestFirst, SchedulingPolicy
+from mstar.engine.stop_rules import merge as merge_stop_checks
 from mstar.engine.stream_buffer import StreamBuffer
 from mstar.engine.walk_cursor import WalkCursor
 from mstar.graph import EngineKind, GraphSpec, Step
@@ -426,6 +427,7 @@ class EngineCore:
             return
         if not isinstance(check, StopCheck):
             check = StopCheck(frozenset(check))
+        check = merge_stop_checks(row.core_stop, check)
         req.num_generated[node.name] = req.num_generated.get(node.name, 0) + 1
         self.stats.walks_completed.add(row.walk)
         for name in row.step.outputs:

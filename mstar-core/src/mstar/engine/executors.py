@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mstar.engine.stop_rules import core_stop_checks
 from mstar.graph import EngineKind, Step
 from mstar.model.spec import NodeSamplers
 from mstar.model.submodule_base import (
@@ -37,7 +38,8 @@ class Row:
     num_tokens: int
     replay: bool
     completes: bool
-    stop_check: StopCheck | None = None
+    stop_check: StopCheck | None = None  # the plugin's check_stop_batched answer
+    core_stop: StopCheck | None = None  # core's stop rules (sampling nodes)
 
 
 class NodeExecutionError(Exception):
@@ -107,6 +109,8 @@ class NodeExecutor:
             out = forward_out if isinstance(forward_out, BatchedModelOutput) else BatchedModelOutput(per_rid_outputs=forward_out)
         idx = {r.req.id: i for i, r in enumerate(rows)}
         done = [r for r in rows if r.completes]
+        if done and engine_inputs.sampler is not None:
+            self._apply_stop_rules(done, [idx[r.req.id] for r in done], engine_inputs.sampler)
         if done:
             # The stop check sees only the rows whose step completed this forward.
             view = out if len(done) == len(rows) else out.select([idx[r.req.id] for r in done])
@@ -115,6 +119,17 @@ class NodeExecutor:
                 for r in done:
                     r.stop_check = batched.checks.get(r.req.id, StopCheck())
         return {r.req.id: out.for_row(idx[r.req.id], r.req.id) for r in rows}
+
+    def _apply_stop_rules(self, done: list[Row], positions: list[int], sampler: Any) -> None:
+        drawn = sampler.last_main_tokens
+        if drawn is None:
+            return
+        decl = self.node.sampler_decl
+        assert decl is not None
+        tokens = drawn.index_select(0, torch.tensor(positions, device=drawn.device)).tolist()
+        checks = core_stop_checks([r.prepared.info for r in done], tokens, decl, [r.step.outputs for r in done])
+        for r, check in zip(done, checks, strict=True):
+            r.core_stop = check
 
     def _engine_inputs(self, rows: list[Row]) -> ModelInputsFromEngine:
         return ModelInputsFromEngine(

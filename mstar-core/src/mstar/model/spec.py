@@ -49,6 +49,9 @@ class NodeSamplers:
     """A KV node's sampling declaration: its main defaults and its auxiliary labels.
 
     The label set is static: it never depends on per-request arguments (values may).
+    Core applies the stop rules (``max_tokens``, ``stop_token_ids``, ``ignore_eos``,
+    ``min_tokens``) to the main tokens the node draws through its batch sampler; see
+    ``mstar.engine.stop_rules``.
     """
 
     vocab_size: int
@@ -57,6 +60,8 @@ class NodeSamplers:
     aux_vocab_sizes: Mapping[str, int] = field(default_factory=dict)
     stop_token_ids: tuple[int, ...] = ()  # end-of-sequence ids (min_tokens suppresses them)
     prompt_signal: str | None = None  # request input holding the prompt ids (penalties)
+    # Outputs of a step not sent on when it drew a stop id (None: all of the step's outputs).
+    withhold_on_stop: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
