@@ -86,3 +86,59 @@ def log_softmax(x: list[float]) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     m = x[np.isfinite(x)].max()
     return x - (m + np.log(np.sum(np.exp(x[np.isfinite(x)] - m))))
+
+
+class Ambiguous(Exception):
+    """The reference's float64 answer is too close to a boundary to compare bit for bit."""
+
+
+def reference_uniform(seed: int, step: int) -> float:
+    return (counter_bits(seed, step) >> 11) * 2.0**-53
+
+
+def reference_draw(
+    logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
+    seed: int, step: int, margin: float = 1e-6,
+) -> int:
+    """The token of one row, from the written contract, by full sort and float64 sums.
+
+    Greedy: first index of the maximum. Else d = (x - max) / T in float32 (the contract's
+    scaled logits, so ties are the kernel's), w = exp(d) in float64; top_k keeps d >= its
+    k-th largest value, top_p the tokens (descending d) whose preceding mass is below
+    top_p times the top-k mass (or the total), min_p keeps w >= min_p; the token is the
+    first one in vocabulary order whose cumulative kept weight exceeds u * total.
+    Raises Ambiguous when a comparison is within ``margin`` (relative) of flipping.
+    """
+    x = np.asarray(logits, dtype=np.float32)
+    if temperature == 0:
+        return int(np.argmax(x))
+    d = (x - x.max()) / np.float32(temperature)
+    w = np.exp(d.astype(np.float64))
+    order = np.argsort(-d, kind="stable")
+    ds, ws = d[order], w[order]
+    vocab = len(x)
+    k = min(top_k, vocab) if top_k > 0 else vocab
+    mass = ws[:k].sum() if top_k > 0 else w.sum()
+    n = k
+    if top_p < 1:
+        before = 0.0
+        for j in range(k):
+            # Near the cut, stopping at j or j+1 gives the same threshold inside a tie.
+            if abs(before - top_p * mass) < margin * mass and ds[j - 1] != ds[j]:
+                raise Ambiguous("top_p cut")
+            if before >= top_p * mass:
+                n = j
+                break
+            before += ws[j]
+    n = max(n, 1)
+    keep = d >= ds[n - 1]
+    if min_p > 0:
+        if np.any(keep & (np.abs(w - min_p) < margin * min_p)):
+            raise Ambiguous("min_p cut")
+        keep &= w >= min_p
+    kept = np.where(keep, w, 0.0)
+    cdf = np.cumsum(kept)
+    target = reference_uniform(seed, step) * cdf[-1]
+    if np.min(np.abs(cdf - target)) < margin * cdf[-1]:
+        raise Ambiguous("draw")
+    return int(np.searchsorted(cdf, target, side="right"))

@@ -1,8 +1,8 @@
 """Edge cases of the kernel's building blocks that random draws almost never hit."""
 
 import torch
-from mstar.sampling import SamplingParams, SamplingTensors
-from mstar.sampling.kernel import _ceil_to_float32, inverse_cdf, keep_threshold
+from mstar.sampling import Sampler, SamplingParams, SamplingTensors
+from mstar.sampling.kernel import ceil_to_float32, inverse_cdf
 
 
 def test_inverse_cdf_interval_edges():
@@ -19,17 +19,20 @@ def test_inverse_cdf_never_returns_zero_weight_index():
     assert inverse_cdf(w, u).tolist() == [1, 3, 3, 3]
 
 
-def test_keep_threshold_keeps_boundary_ties_and_at_least_one_token():
-    probs = torch.tensor([[0.3, 0.2, 0.2, 0.2, 0.1], [0.3, 0.2, 0.2, 0.2, 0.1]])
-    rows = [SamplingParams(top_k=2), SamplingParams(top_p=0.01)]
-    st = SamplingTensors.from_rows(rows, [0, 0], [0, 0])
-    kept = probs >= keep_threshold(probs, st)
-    assert kept.tolist() == [[True, True, True, True, False], [True, False, False, False, False]]
+def test_boundary_ties_are_all_kept_and_at_least_one_token():
+    logits = torch.tensor([0.3, 0.2, 0.2, 0.2, 0.1]).log()
+    n = 2000
+    rows = [SamplingParams(top_k=2)] * n + [SamplingParams(top_p=0.01)] * n
+    st = SamplingTensors.from_rows(rows, range(2 * n), [0] * (2 * n))
+    tokens = Sampler().sample(logits.expand(2 * n, -1), st).tokens
+    # top_k=2 cuts inside a three-way tie: all three tied tokens stay, token 4 never.
+    assert set(tokens[:n].tolist()) == {0, 1, 2, 3}
+    assert set(tokens[n:].tolist()) == {0}
 
 
 def test_ceil_to_float32_is_exact():
     x = torch.tensor([0.1, 0.5, 1 / 3, 2.0**-30 * 3], dtype=torch.float64)
-    c = _ceil_to_float32(x)
+    c = ceil_to_float32(x)
     assert c.dtype == torch.float32
     assert torch.all(c.double() >= x)
     below = torch.nextafter(c, torch.zeros_like(c))

@@ -55,7 +55,7 @@ def test_no_history_means_no_penalty():
 
 def test_min_tokens_suppresses_stop_ids_until_reached():
     eos, stop = 6, 2  # the two largest logits
-    rows = [SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[stop])] * 5
+    rows = [SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[stop], logprobs=True)] * 5
     stop_ids = [r.min_tokens_stop_ids([eos]) for r in rows]
     st = SamplingTensors.from_rows(rows, [0] * 5, steps=[0, 1, 2, 3, 4])
     out = Sampler().sample(

@@ -71,6 +71,8 @@ class CudaGraphableSampler:
         self._active: dict[int, SamplingParams] = {}
         self._needs_sort = False
         self._max_top_logprobs = 0
+        self._any_sampled = False
+        self._any_logprobs = False
 
     # ---- registration (host side, once per request) ----
 
@@ -173,6 +175,8 @@ class CudaGraphableSampler:
             top_logprobs=g(self._top_logprobs),
             needs_sort=self._needs_sort,
             max_top_logprobs=self._max_top_logprobs,
+            any_sampled=self._any_sampled,
+            any_logprobs=self._any_logprobs,
         )
 
     def sample(
@@ -253,3 +257,5 @@ class CudaGraphableSampler:
         params = self._active.values()
         self._needs_sort = any(p.uses_top_k_or_p for p in params)
         self._max_top_logprobs = max((p.top_logprobs for p in params), default=0)
+        self._any_sampled = any(not p.is_greedy for p in params)
+        self._any_logprobs = any(p.logprobs for p in params)

@@ -17,8 +17,10 @@ class SamplingTensors:
 
     Float parameters that only scale logits are float32 (the logits' precision);
     ``top_p``/``min_p`` are float64 because they are compared against float64
-    cumulative sums. ``needs_sort`` and ``max_top_logprobs`` are host-side hints
-    that only select work to skip; they never change which token is drawn.
+    cumulative sums. ``needs_sort``, ``any_sampled``, ``any_logprobs`` and
+    ``max_top_logprobs`` are host-side hints that only select work to skip (True / a
+    larger value is always safe); they never change which token is drawn. Without
+    ``any_logprobs`` the output's logprobs are NaN.
     """
 
     temperature: Tensor  # float32 [B]; 0 = greedy
@@ -36,6 +38,8 @@ class SamplingTensors:
     top_logprobs: Tensor  # int64 [B]
     needs_sort: bool = True
     max_top_logprobs: int = 0
+    any_sampled: bool = True
+    any_logprobs: bool = True
 
     @property
     def batch_size(self) -> int:
@@ -83,6 +87,8 @@ class SamplingTensors:
             top_logprobs=t((r.top_logprobs for r in rows), torch.int64),
             needs_sort=any(r.uses_top_k_or_p for r in rows),
             max_top_logprobs=max((r.top_logprobs for r in rows), default=0),
+            any_sampled=any(not r.is_greedy for r in rows),
+            any_logprobs=any(r.logprobs for r in rows),
         )
 
 
@@ -92,7 +98,7 @@ class SampleOutput:
 
     ``logprobs`` are "raw" logprobs (vLLM's default): log_softmax of the logits
     after penalties and min_tokens suppression, before temperature and
-    top-k/top-p/min-p. ``top_logprob_*`` are sorted descending, width N = the
+    top-k/top-p/min-p; NaN when no row of the call asked for logprobs. ``top_logprob_*`` are sorted descending, width N = the
     largest ``top_logprobs`` requested (None when nobody asked); rows that
     asked for fewer use a prefix.
     """

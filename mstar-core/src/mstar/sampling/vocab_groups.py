@@ -1,0 +1,62 @@
+"""Candidate sets for the largest logits of a row without sorting the whole vocabulary.
+
+The first ``GROUP * (V // GROUP)`` ids are split into ``V // GROUP`` strided groups
+(group j holds ids ``j, j + n, j + 2n, ...`` with ``n = V // GROUP``), so every group's
+maximum comes from one vertical reduction over a ``[B, GROUP, n]`` view: a single
+vectorised pass over the logits. The ``V % GROUP`` leftover ids (the tail) are always
+candidates. Taking the ``L`` groups with the largest maxima gives a candidate set that
+holds every id whose logit is above ``bound``, the L-th largest group maximum: an id
+outside it sits in a group whose maximum is at most ``bound``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+GROUP = 16
+
+
+@dataclass(frozen=True)
+class VocabGroups:
+    """Group maxima of the rows of ``x`` [B, V] (float32)."""
+
+    x: Tensor
+    group_max: Tensor  # [B, n] maximum of each strided group
+    row_max: Tensor  # [B, 1] maximum of the row
+
+    @classmethod
+    def of(cls, x: Tensor) -> VocabGroups:
+        batch, vocab = x.shape
+        n = vocab // GROUP
+        if n == 0:
+            return cls(x, x.new_empty(batch, 0), x.amax(dim=1, keepdim=True))
+        group_max = x[:, : n * GROUP].view(batch, GROUP, n).amax(dim=1)
+        row_max = group_max.amax(dim=1, keepdim=True)
+        if vocab > n * GROUP:
+            row_max = torch.maximum(row_max, x[:, n * GROUP :].amax(dim=1, keepdim=True))
+        return cls(x, group_max, row_max)
+
+    @property
+    def num_groups(self) -> int:
+        return self.group_max.shape[1]
+
+    def candidates(self, num: int) -> tuple[Tensor, Tensor] | tuple[None, None]:
+        """(ids [B, C], bound [B, 1]) for the ``num`` groups with the largest maxima.
+
+        Every id whose logit is > bound is in ``ids``. (None, None) when that would be
+        every group: the candidates are then the whole vocabulary.
+        """
+        batch, vocab = self.x.shape
+        n = self.num_groups
+        if num >= n:
+            return None, None
+        top = torch.topk(self.group_max, num, dim=1, sorted=False)
+        offsets = torch.arange(GROUP, device=self.x.device).mul_(n).view(1, GROUP, 1)
+        ids = (top.indices.unsqueeze(1) + offsets).reshape(batch, GROUP * num)
+        if vocab > n * GROUP:
+            tail = torch.arange(n * GROUP, vocab, device=self.x.device).expand(batch, -1)
+            ids = torch.cat([ids, tail], dim=1)
+        return ids, top.values.amin(dim=1, keepdim=True)
