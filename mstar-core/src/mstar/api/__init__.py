@@ -1,6 +1,14 @@
 """The HTTP API's model-facing parts: request/response bodies, errors and ``ApiAdapter``."""
 
-from mstar.api.adapter import CHAT, GENERATE, SPEECH, ApiAdapter, EngineRequest, TextDecoder
+from mstar.api.adapter import (
+    CHAT,
+    COMPLETIONS,
+    GENERATE,
+    SPEECH,
+    ApiAdapter,
+    EngineRequest,
+    TextDecoder,
+)
 from mstar.api.errors import ApiError
 
-__all__ = ["CHAT", "GENERATE", "SPEECH", "ApiAdapter", "ApiError", "EngineRequest", "TextDecoder"]
+__all__ = ["CHAT", "COMPLETIONS", "GENERATE", "SPEECH", "ApiAdapter", "ApiError", "EngineRequest", "TextDecoder"]

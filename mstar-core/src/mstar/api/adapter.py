@@ -34,10 +34,15 @@ import numpy as np
 import torch
 
 from mstar.api.errors import ApiError
-from mstar.api.protocol import ChatCompletionRequest, GenerateRequest, SpeechRequest
+from mstar.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    SpeechRequest,
+)
 from mstar.api.tensors import tensor_from_json
 
-CHAT, SPEECH, GENERATE = "chat", "speech", "generate"
+CHAT, SPEECH, GENERATE, COMPLETIONS = "chat", "speech", "generate", "completions"
 
 
 @dataclass
@@ -64,7 +69,8 @@ class TextDecoder:
 class ApiAdapter:
     """Base class of a model's API adapter. Override what the model serves."""
 
-    #: Endpoints served besides ``/v1/generate`` (always served): {"chat", "speech"}.
+    #: Endpoints served besides ``/v1/generate`` (always served): {"chat", "speech",
+    #: "completions"}.
     endpoints: ClassVar[frozenset[str]] = frozenset()
     #: Output signal carrying text tokens (chat), and audio samples (speech, chat audio).
     text_signal: str | None = None
@@ -89,6 +95,10 @@ class ApiAdapter:
         raise NotImplementedError
 
     def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
+        raise NotImplementedError
+
+    def completion_inputs(self, request: CompletionRequest) -> EngineRequest:
+        """One prompt (``request.prompt`` is a string or a list of token ids)."""
         raise NotImplementedError
 
     def generate_inputs(self, request: GenerateRequest) -> EngineRequest:

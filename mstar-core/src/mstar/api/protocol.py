@@ -123,6 +123,43 @@ class ChatCompletionRequest(_SamplingFields):
         return bool(self.modalities and "audio" in self.modalities)
 
 
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions`` (OpenAI's legacy text completions).
+
+    ``prompt`` is a string, a list of token ids, or a list of either (one choice set per
+    prompt). ``logprobs`` is the number of top alternatives per token (0 = only the chosen
+    token's logprob).
+    """
+
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]]
+    suffix: str | None = None
+    max_tokens: int | None = 16
+    n: int = 1
+    best_of: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    user: str | None = None
+
+    @field_validator("logprobs", "n", "best_of", "max_tokens", mode="before")
+    @classmethod
+    def _no_bool_int(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("expected an integer, got a boolean")
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one per choice set."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
 class SpeechRequest(_SamplingFields):
     model: str
     input: str = Field(min_length=1)

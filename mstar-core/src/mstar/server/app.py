@@ -15,6 +15,7 @@ from mstar import __version__
 from mstar.api.errors import ApiError, error_body, validation_error
 from mstar.api.protocol import (
     ChatCompletionRequest,
+    CompletionRequest,
     GenerateRequest,
     ModelCard,
     ModelList,
@@ -22,12 +23,13 @@ from mstar.api.protocol import (
 )
 from mstar.server.middleware import ApiKeyAuth, BodyLimit, RequestMetrics
 from mstar.server.routes_chat import chat_completions
+from mstar.server.routes_completions import completions
 from mstar.server.routes_generate import generate
 from mstar.server.routes_speech import speech
 from mstar.server.runtime import ServerRuntime
 
 ENDPOINTS = {
-    "/v1/models", "/v1/chat/completions", "/v1/audio/speech", "/v1/generate", "/health", "/metrics", "/version",
+    "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/generate", "/health", "/metrics", "/version",
 }
 
 
@@ -66,6 +68,10 @@ def _routes(app: FastAPI, rt: ServerRuntime) -> None:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         return await chat_completions(rt, body, request.receive)
 
+    @app.post("/v1/completions")
+    async def text_completions(body: CompletionRequest, request: Request) -> Response:
+        return await completions(rt, body, request.receive)
+
     @app.post("/v1/audio/speech")
     async def audio_speech(body: SpeechRequest, request: Request) -> Response:
         return await speech(rt, body, request.receive)
@@ -88,7 +94,7 @@ def _routes(app: FastAPI, rt: ServerRuntime) -> None:
             "version": __version__,
             "model": rt.model_name,
             "plugin": rt.loaded.installed.distribution,
-            "endpoints": sorted(e for e in ("chat", "speech", "generate") if rt.adapter.serves(e)),
+            "endpoints": sorted(e for e in ("chat", "completions", "speech", "generate") if rt.adapter.serves(e)),
         }
 
 

@@ -15,12 +15,12 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from mstar.api.adapter import CHAT, GENERATE, SPEECH, ApiAdapter, EngineRequest
+from mstar.api.adapter import CHAT, COMPLETIONS, GENERATE, SPEECH, ApiAdapter, EngineRequest
 from mstar.api.errors import ApiError
 
 log = logging.getLogger("mstar.server")
 
-_METHODS = {CHAT: "chat_inputs", SPEECH: "speech_inputs", GENERATE: "generate_inputs"}
+_METHODS = {CHAT: "chat_inputs", SPEECH: "speech_inputs", GENERATE: "generate_inputs", COMPLETIONS: "completion_inputs"}
 
 _worker_adapter: ApiAdapter | None = None
 

@@ -12,6 +12,19 @@ import torch
 from mstar.api.adapter import TextDecoder
 
 
+def stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """A request's ``stop`` field (OpenAI allows one string or a list) as a tuple."""
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def finish_reason(engine_reason: str | None) -> str:
+    """OpenAI's ``finish_reason``: "length" when the token limit (``max_tokens`` or the
+    context) ended the text, else "stop" (a stop string, a stop token or EOS)."""
+    return "length" if engine_reason == "length" else "stop"
+
+
 class TextAssembler:
     def __init__(self, decoder: TextDecoder, stop: tuple[str, ...] | list[str] = ()) -> None:
         self.decoder = decoder

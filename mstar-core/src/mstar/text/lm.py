@@ -1,0 +1,150 @@
+"""What a text LLM plugin declares, in one place: its graph (prefill, then a decode loop),
+its output signals, its sampling declaration and a KV node base that runs the step.
+
+Signals (all to the client): ``tokens`` (the sampled id, [1] per step, persisted so the
+decode step reads it), the logprob signals of ``mstar.api.adapter``'s convention
+(``logprob``, ``top_logprob_ids``, ``top_logprob_values``, only while a row of the batch
+asked for logprobs) and ``logits``.
+
+``logits`` is the parity/debug option: a request with kwarg ``return_logits=True`` (``kwargs``
+of ``Engine.add_request`` or of ``POST /v1/generate``) receives, per generated token, the
+float32 ``[vocab]`` logits the sampler drew it from (before temperature and penalties).
+Off by default; other rows of the batch get nothing.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mstar.graph import EngineKind, GraphSpec, LinearWalks, Loop, NodeSpec, Signal, Step, Walk
+from mstar.layers.attention import head_dim_of
+from mstar.model.spec import MixedBatchConfig, NodeSamplers
+from mstar.model.submodule_base import (
+    ARNodeInputs,
+    ARNodeSubmodule,
+    BatchedModelOutput,
+    CurrentForwardPassInfo,
+    KVCacheLayout,
+    ModelInputsFromEngine,
+)
+
+PROMPT, TOKENS, LOGITS = "prompt_ids", "tokens", "logits"
+LOGPROB, TOP_IDS, TOP_VALUES = "logprob", "top_logprob_ids", "top_logprob_values"
+STEP_OUTPUTS = (TOKENS, LOGPROB, TOP_IDS, TOP_VALUES, LOGITS)
+RETURN_LOGITS = "return_logits"  # request kwarg
+PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
+
+
+def text_lm_graph(node: str = "lm") -> GraphSpec:
+    """One KV node: walk ``prefill`` reads ``prompt_ids``, walk ``decode`` loops until a
+    stop (core's stop rules: max_tokens, stop ids, EOS)."""
+    step = Step(node, inputs=(TOKENS,), outputs=STEP_OUTPUTS)
+    return GraphSpec(
+        nodes={node: NodeSpec(node, EngineKind.KV_CACHE)},
+        walks={
+            PREFILL: Walk(PREFILL, node, Step(node, inputs=(PROMPT,), outputs=STEP_OUTPUTS)),
+            DECODE: Walk(DECODE, node, Loop("decode_loop", step, stop_on=(node,))),
+        },
+        signals={
+            TOKENS: Signal(TOKENS, to_client=True, persist=True),
+            **{name: Signal(name, to_client=True) for name in STEP_OUTPUTS if name != TOKENS},
+        },
+        state_machine=LinearWalks({node: (PREFILL, DECODE)}),
+        request_inputs=(PROMPT,),
+    )
+
+
+def text_lm_mixed_batches(node: str = "lm") -> list[MixedBatchConfig]:
+    """Prefill and decode rows in one forward (continuous batching)."""
+    return [MixedBatchConfig(node=node, walks=(PREFILL, DECODE), merged_walk=MIXED)]
+
+
+def eos_token_ids(config: Mapping[str, Any]) -> tuple[int, ...]:
+    """EOS ids from the config and its ``generation_config`` (what HF generate stops on)."""
+    ids: list[int] = []
+    for source in (config, config.get("generation_config") or {}):
+        eos = source.get("eos_token_id")
+        ids += [eos] if isinstance(eos, int) else list(eos or [])
+    return tuple(dict.fromkeys(ids))
+
+
+def text_lm_samplers(config: Mapping[str, Any], node: str = "lm", **defaults: Any) -> dict[str, NodeSamplers]:
+    """The node's sampling declaration: vocabulary, EOS stop ids, penalties over the
+    prompt, ``defaults`` as the main sampler's defaults (e.g. ``max_tokens``)."""
+    from mstar.sampling import SamplingParams
+
+    return {
+        node: NodeSamplers(
+            vocab_size=int(config["vocab_size"]),
+            main=SamplingParams(**defaults),
+            stop_token_ids=eos_token_ids(config),
+            prompt_signal=PROMPT,
+        )
+    }
+
+
+def sample_step(logits: torch.Tensor, engine_inputs: ModelInputsFromEngine) -> BatchedModelOutput:
+    """Sample each row's next token from ``logits`` [B, V] and build the step's outputs."""
+    assert engine_inputs.sampler is not None, "a text LM node must declare its sampler"
+    out = engine_inputs.sampler.sample(logits)
+    rows: dict[str, torch.Tensor] = {TOKENS: out.tokens[:, None]}
+    infos = [engine_inputs.per_request_info[rid] for rid in engine_inputs.request_ids]
+    # Only while a row asked: an output per row and step costs every request.
+    if any(i.sampling is not None and i.sampling.logprobs for i in infos):
+        rows[LOGPROB] = out.logprobs[:, None]
+        if out.top_logprob_ids is not None:
+            rows[TOP_IDS], rows[TOP_VALUES] = out.top_logprob_ids, out.top_logprob_values
+    per_rid = {
+        rid: {LOGITS: logits[i].float()}
+        for i, (rid, info) in enumerate(zip(engine_inputs.request_ids, infos, strict=True))
+        if info.request_kwargs.get(RETURN_LOGITS)
+    }
+    return BatchedModelOutput(row_outputs=rows, per_rid_outputs=per_rid)
+
+
+class CausalLMNode(ARNodeSubmodule):
+    """The KV node of a decoder-only text LLM on the paged cache. A subclass builds its
+    layers from ``config`` (HF keys) and implements ``hidden_states`` and ``logits``."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.config = dict(config)
+        self.vocab_size = int(config["vocab_size"])
+
+    @abstractmethod
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
+        """Flat ids [T] of every row → hidden states [T, H] (before the final norm if
+        ``logits`` applies it)."""
+
+    @abstractmethod
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, H] hidden states of each row's last token → [B, V] logits."""
+
+    def kv_cache_layout(self) -> KVCacheLayout:
+        c = self.config
+        dtype = next(self.parameters()).dtype
+        return KVCacheLayout(c["num_hidden_layers"], c.get("num_key_value_heads") or c["num_attention_heads"], head_dim_of(c), dtype)
+
+    def max_model_len(self) -> int:
+        return int(self.config["max_position_embeddings"])
+
+    def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
+        ids = (signals[PROMPT] if info.walk == PREFILL else signals[TOKENS]).reshape(-1).to(torch.long)
+        if ids.numel() == 0:
+            raise ValueError("the prompt is empty")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
+        return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
+
+    def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
+        device = next(self.parameters()).device
+        return {"input_ids": torch.cat([i.input_ids for i in inputs]).to(device)}
+
+    def forward_batched(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, input_ids: torch.Tensor) -> BatchedModelOutput:
+        assert engine_inputs.positions is not None
+        hidden = self.hidden_states(input_ids, engine_inputs.positions, engine_inputs.attention)
+        return sample_step(self.logits(hidden[engine_inputs.last_token_index.long()]), engine_inputs)

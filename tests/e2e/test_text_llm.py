@@ -1,0 +1,228 @@
+"""The fixture text LLM plugin (tests/fixtures/plugins/qwen3_text, a Qwen3ForCausalLM on
+mstar.text and mstar.layers): check-plugin, greedy ids and per-step logits against
+transformers generate, and chat + completions over HTTP with the official openai client.
+
+The tiny checkpoint is written in the real layout (config.json, model.safetensors with HF
+keys, a trained byte-level BPE tokenizer and a ChatML chat template)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+
+pytestmark = pytest.mark.e2e
+transformers = pytest.importorskip("transformers")
+
+MODEL = "tinyqwen3"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "plugins" / "qwen3_text"
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello 你好!"}]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture plugin installed as a real distribution into its own folder."""
+    root = tmp_path_factory.mktemp("qwen3-site")
+    src = root / "src"
+    shutil.copytree(FIXTURE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    for args in (["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", root / "wheels", src],
+                 ["install", "--no-deps", "--no-index", "--target", root / "site", *(root / "wheels").glob("*.whl")]):
+        if args[0] == "install":
+            args = args[:5] + [*(root / "wheels").glob("*.whl")]
+        proc = subprocess.run([*PIP, *map(str, args)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    return root / "site"
+
+
+@pytest.fixture(scope="module")
+def plugin(site: Path):
+    sys.path.insert(0, str(site))
+    try:
+        from mstar.plugins.loading import load_model
+
+        yield load_model(MODEL)
+    finally:
+        sys.path.remove(str(site))
+
+
+@pytest.fixture(scope="module")
+def ckpt(plugin, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    plugin.spec.write_tiny_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf(ckpt: Path):
+    model, info = transformers.Qwen3ForCausalLM.from_pretrained(ckpt, output_loading_info=True)
+    assert not any(info.values()), info  # our keys are exactly HF's
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tok(ckpt: Path):
+    return transformers.AutoTokenizer.from_pretrained(ckpt)
+
+
+def hf_greedy(hf, ids: list[int], n: int, eos: bool = True) -> tuple[list[int], torch.Tensor]:
+    """transformers generate: (new ids, [steps, vocab] logits); ``eos=False`` never stops early."""
+    config = transformers.GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=hf.config.eos_token_id if eos else None, pad_token_id=0)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), generation_config=config, output_logits=True, return_dict_in_generate=True)
+    return out.sequences[0, len(ids):].tolist(), torch.cat(out.logits)
+
+
+def test_check_plugin_passes(site: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(site), "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mstar.cli.main", "check-plugin", MODEL], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert not [line for line in lines if line.startswith(("FAIL", "SKIP"))], proc.stdout
+    assert re.search(r"all \d+ checks passed", proc.stdout), proc.stdout
+
+
+def test_plugin_is_about_150_lines() -> None:
+    lines = sum(len(p.read_text().splitlines()) for p in (FIXTURE / "fixture_qwen3").glob("*.py"))
+    assert lines <= 160, lines
+
+
+def test_greedy_ids_and_logits_equal_transformers(plugin, ckpt, hf, tok) -> None:
+    from mstar import Engine
+
+    prompts = ["Hello world", "The quick brown fox jumps over the lazy dog. " * 2, "你好"]
+    steps = 10
+    # A 16-token budget: the long prompt is prefilled in chunks beside the others' decode.
+    with Engine.from_model(MODEL, weights=ckpt, max_num_batched_tokens=16) as engine:
+        outs = engine.run_batch([
+            {"inputs": {"prompt_ids": torch.tensor(tok.encode(p))}, "kwargs": {"return_logits": True},
+             "sampling": {"temperature": 0, "max_tokens": steps, "ignore_eos": True}}
+            for p in prompts
+        ])
+        plain = engine.run_batch([{"inputs": {"prompt_ids": torch.tensor(tok.encode(prompts[0]))},
+                                   "sampling": {"temperature": 0, "max_tokens": 2, "ignore_eos": True}}])[0]
+    for p, out in zip(prompts, outs, strict=True):
+        want_ids, want_logits = hf_greedy(hf, tok.encode(p), steps, eos=False)
+        assert out.error is None and out.finish_reason == "length"
+        assert out.cat("tokens").tolist() == want_ids
+        got_logits = torch.stack(out.signals["logits"])
+        assert got_logits.shape == want_logits.shape
+        torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
+    assert "logits" not in plain.signals  # off unless asked
+
+
+# ---- over HTTP ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(site: Path, ckpt: Path, tmp_path_factory: pytest.TempPathFactory):
+    spec = importlib.util.spec_from_file_location("text_llm_server_process", Path(__file__).with_name("conftest.py"))
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    srv = module.ServerProcess(["--model", MODEL, "--weights", str(ckpt), "--preprocess-workers", "1"],
+                               tmp_path_factory.mktemp("log") / "server.log")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(site))
+        srv.start()
+    yield srv
+    try:
+        assert srv.stop() == 0, srv.log_tail()
+    finally:
+        srv.kill_all()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def expected(hf, tok, ids: list[int], n: int) -> tuple[str, str]:
+    """(text, finish_reason) of greedy decoding as transformers does it."""
+    new, _ = hf_greedy(hf, ids, n)
+    finish = "stop" if new and new[-1] == hf.config.eos_token_id else "length"
+    return tok.decode(new, skip_special_tokens=True), finish
+
+
+def test_chat_whole_and_streamed(client, hf, tok) -> None:
+    prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=True)["input_ids"]
+    text, finish = expected(hf, tok, prompt, 12)
+    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0)
+    assert resp.choices[0].message.content == text
+    assert resp.choices[0].finish_reason == finish
+    assert resp.usage.prompt_tokens == len(prompt)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].choices[0].finish_reason == finish
+
+
+def test_completions_whole_streamed_and_echo(client, hf, tok) -> None:
+    prompt = "The quick brown fox"
+    text, finish = expected(hf, tok, tok.encode(prompt), 10)
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0)
+    assert resp.object == "text_completion"
+    assert resp.choices[0].text == text and resp.choices[0].finish_reason == finish
+    assert resp.usage.prompt_tokens == len(tok.encode(prompt))
+    echoed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + text
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert chunks[-1].choices[0].finish_reason == finish
+    by_ids = client.completions.create(model=MODEL, prompt=tok.encode(prompt), max_tokens=10, temperature=0)
+    assert by_ids.choices[0].text == text
+
+
+def test_completion_logprobs_equal_transformers(client, hf, tok) -> None:
+    prompt = "Hello world"
+    ids, logits = hf_greedy(hf, tok.encode(prompt), 6, eos=False)
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=3,
+                                     extra_body={"ignore_eos": True})
+    lp = resp.choices[0].logprobs
+    want = torch.log_softmax(logits, -1)
+    got = torch.tensor(lp.token_logprobs)
+    torch.testing.assert_close(got, want[torch.arange(6), torch.tensor(ids)], atol=1e-4, rtol=1e-4)
+    assert all(len(top) == 3 for top in lp.top_logprobs)
+    assert max(lp.top_logprobs[0].values()) == pytest.approx(want[0].max().item(), abs=1e-4)
+    from mstar.text import TokenRenderer
+
+    assert lp.tokens == [TokenRenderer(tok).token_text(i) for i in ids]
+
+
+def test_stop_string_across_a_token_boundary(client, hf, tok) -> None:
+    prompt = "The quick brown fox"
+    new, _ = hf_greedy(hf, tok.encode(prompt), 12, eos=False)
+    pieces = [tok.decode(new[: i + 1]) for i in range(len(new))]
+    full = pieces[-1]
+    # A stop string that starts inside one token's text and ends inside a later one.
+    cut = next(i for i in range(1, len(new) - 1) if len(pieces[i]) - len(pieces[i - 1]) >= 2 and len(pieces[i + 1]) > len(pieces[i]))
+    start = len(pieces[cut]) - 1
+    stop = full[start:start + 2]
+    want = full[: full.find(stop)]
+    for stream in (False, True):
+        if stream:
+            chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stop=[stop], stream=True,
+                                                    extra_body={"ignore_eos": True}))
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+            text, reason = resp.choices[0].text, resp.choices[0].finish_reason
+        assert (text, reason) == (want, "stop"), (stop, full)
+
+
+def test_n_choices_and_prompt_lists_are_seeded(client) -> None:
+    kw = dict(model=MODEL, max_tokens=8, temperature=1.0, seed=11, extra_body={"ignore_eos": True})
+    first = client.completions.create(prompt=["Hello", "你好"], n=2, **kw)
+    again = client.completions.create(prompt=["Hello", "你好"], n=2, **kw)
+    assert [c.index for c in first.choices] == [0, 1, 2, 3]
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]
+    assert len({c.text for c in first.choices}) > 1
+    assert first.usage.completion_tokens == 4 * 8
