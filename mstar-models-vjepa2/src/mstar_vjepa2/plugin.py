@@ -1,0 +1,101 @@
+"""``vjepa2``: the V-JEPA 2 video encoder and masked predictor (entry point in ``mstar.models``).
+
+Walks (request kwarg ``task``): ``encode`` (video → latents) and ``predict`` (video →
+latents → predictions for the target tokens, from the context tokens).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mstar import hookimpl
+from mstar.graph import EngineKind, GraphSpec, NodeSpec, Signal, Step, Walk
+from mstar.model.spec import ModelSpec, NodeSamplers
+
+from mstar_vjepa2.config import ARCHITECTURE, from_hf_dict, load_config
+from mstar_vjepa2.walks import TaskWalks
+
+MODEL_NAME = "vjepa2"
+TASKS = TaskWalks("main", {"encode": ("encode",), "predict": ("encode", "predict")}, default="encode")
+
+
+def build_graph(config: dict[str, Any]) -> GraphSpec:
+    return GraphSpec(
+        nodes={"encoder": NodeSpec("encoder", EngineKind.STATELESS), "predictor": NodeSpec("predictor", EngineKind.STATELESS)},
+        signals={
+            "latents": Signal("latents", to_client=True, persist=True),
+            "predictions": Signal("predictions", to_client=True),
+        },
+        walks={
+            "encode": Walk("encode", "main", Step("encoder", inputs=("video",), outputs=("latents",))),
+            "predict": Walk("predict", "main", Step("predictor", inputs=("latents",), outputs=("predictions",))),
+        },
+        state_machine=TASKS,
+        request_inputs=("video",),
+    )
+
+
+def _write_tiny(path: Path) -> None:
+    from mstar_vjepa2.checkpoint import write_checkpoint
+
+    write_checkpoint(path)
+
+
+def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
+    import torch
+
+    cfg = from_hf_dict(config)
+    video = torch.randn(cfg.tubelet_size * 2, cfg.in_chans, cfg.crop_size, cfg.crop_size)
+    return [{"inputs": {"video": video}, "kwargs": {"task": task}} for task in ("encode", "predict")]
+
+
+@hookimpl
+def mstar_model_spec() -> ModelSpec:
+    return ModelSpec(
+        name=MODEL_NAME,
+        aliases=("v-jepa2",),
+        architectures=(ARCHITECTURE,),
+        load_config=load_config,
+        build_graph=build_graph,
+        write_tiny_checkpoint=_write_tiny,
+        default_placement={"encoder": "0", "predictor": "0"},
+        example_requests=_example_requests,
+    )
+
+
+def _build_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+    from mstar_vjepa2.checkpoint import load_strict, read_state
+    from mstar_vjepa2.nodes import EncoderNode
+
+    node = EncoderNode(from_hf_dict(config), TASKS)
+    if checkpoint_dir is not None:
+        load_strict(node.encoder, read_state(checkpoint_dir, "encoder."), "vjepa2 encoder")
+    return node.to(device).eval()
+
+
+def _build_predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+    from mstar_vjepa2.checkpoint import load_strict, read_state
+    from mstar_vjepa2.nodes import PredictorNode
+
+    node = PredictorNode(from_hf_dict(config))
+    if checkpoint_dir is not None:
+        load_strict(node.predictor, read_state(checkpoint_dir, "predictor."), "vjepa2 predictor")
+    return node.to(device).eval()
+
+
+@hookimpl
+def mstar_node_factories(config: dict) -> dict[str, Any]:
+    return {"encoder": _build_encoder, "predictor": _build_predictor}
+
+
+@hookimpl
+def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
+    return {}  # a world model: nothing is sampled
+
+
+@hookimpl
+def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None) -> Any:
+    from mstar_vjepa2.adapter import VJEPA2Adapter
+
+    return VJEPA2Adapter(config, checkpoint_dir)
