@@ -2,7 +2,8 @@
 
 The engine stops on token ids; stop *strings* are matched here, on the decoded text. A
 delta is held back while its tail could still be the start of a stop string, so a client
-never sees text that is later cut off.
+never sees text that is later cut off. The text ends before the first stop string to
+complete (OpenAI: the stop string itself is not returned); finish_reason is then "stop".
 """
 
 from __future__ import annotations
@@ -50,9 +51,11 @@ class TextAssembler:
         if self.stop:
             window = self.text[-self._hold:] if self._hold else ""
             joined = window + self._pending
-            hits = [i for i in (joined.find(s) for s in self.stop) if i >= 0]
+            # The stop string that completes first when reading left to right (ties: the
+            # longer one), so the cut never depends on how the text arrived in pieces.
+            hits = [(i + len(s), i) for s, i in ((s, joined.find(s)) for s in self.stop) if i >= 0]
             if hits:
-                cut = min(hits) - len(window)
+                cut = min(hits)[1] - len(window)
                 out = self._pending[: max(cut, 0)]
                 self.text += out
                 self._pending = ""
