@@ -31,6 +31,7 @@ SITES: dict[str, tuple[str, ...]] = {
         "no_shipped",
         "flaky_labels",
         "mismatch",
+        "overrun",
     ),
     "policy": ("policy",),
     "dups": ("common", "dup_a", "dup_b"),

@@ -103,6 +103,11 @@ def test_sampler_label_set_that_changes_between_calls(run_mstar):
     )
 
 
+def test_a_node_that_runs_past_max_tokens_and_stop_ids_fails_the_check(run_mstar):
+    proc = run_mstar("check-plugin", "overrunlm")
+    assert_one_line_error(proc, "stop rules apply", "ran 5 steps for max_tokens=2", "engine_inputs.sampler")
+
+
 def test_traceback_flag_shows_the_cause(run_mstar):
     proc = run_mstar("--traceback", "check-plugin", "nosuchmodel")
     assert proc.returncode != 0

@@ -303,6 +303,7 @@ def _run_checks() -> tuple[Check, ...]:
         Check("piecewise configs match the runner", rc.check_piecewise_conventions),
         Check("every walk runs once on the tiny checkpoint", rc.check_every_walk_runs),
         Check("seeded requests reproduce", rc.check_seeds_reproduce),
+        Check("stop rules apply (max_tokens, stop ids)", rc.check_stop_rules),
     )
 
 

@@ -62,6 +62,59 @@ def check_seeds_reproduce(ctx: ConformanceContext) -> str:
     return f"{len(seeded)} request(s), seed {SEED}"
 
 
+STOP_CHECK_MAX_TOKENS = 2
+
+
+def check_stop_rules(ctx: ConformanceContext) -> str:
+    """Each sampling node stops at ``max_tokens`` and on a stop id: core applies both rules
+    to the main tokens a node draws through its batch sampler, so a node that picks tokens
+    another way (and so runs past them) fails here."""
+    engine = _engine(ctx)
+    decls = engine.built.node_samplers
+    if not decls:
+        return "no sampling node"
+    base = _example_requests(ctx)[0]
+    nodes = sorted(decls)
+    for node in nodes:
+        capped = _with_main(base, nodes, node, max_tokens=STOP_CHECK_MAX_TOKENS, ignore_eos=True, min_tokens=0)
+        steps, result = _steps_of(engine, node, capped)
+        if steps > STOP_CHECK_MAX_TOKENS:
+            raise CheckFailed(
+                f"node {node!r} ran {steps} steps for max_tokens={STOP_CHECK_MAX_TOKENS}: draw the main "
+                "token through engine_inputs.sampler so core's stop rules see it"
+            )
+        every_id = list(range(decls[node].vocab_size))
+        stopping = _with_main(base, nodes, node, max_tokens=8, stop_token_ids=every_id, min_tokens=0)
+        steps, result = _steps_of(engine, node, stopping)
+        if steps != 1 or result.finish_reason != "stop":
+            raise CheckFailed(
+                f"node {node!r} ignored its stop ids: every id was a stop id, yet it ran {steps} steps "
+                f"(finish_reason {result.finish_reason!r})"
+            )
+    return f"max_tokens and stop ids honoured by {nodes}"
+
+
+def _with_main(request: dict[str, Any], nodes: list[str], node: str, **main: Any) -> dict[str, Any]:
+    sampling = _per_node(request.get("sampling"), nodes)
+    cfg = dict(sampling.get(node) or {})
+    cfg = cfg if set(cfg) <= {"main", "aux"} else {"main": cfg}
+    sampling[node] = {**cfg, "main": {**cfg.get("main", {}), **main}}
+    return {**request, "sampling": sampling}
+
+
+def _steps_of(engine: Any, node: str, request: dict[str, Any]) -> tuple[int, Any]:
+    """Forwards of ``node`` for one request run alone: one per step on the tiny checkpoint."""
+
+    def forwards() -> int:
+        return sum(n for key, n in engine.core.stats.forwards_by_group.items() if key.split(":")[0] == node)
+
+    before = forwards()
+    result = engine.run_batch([request])[0]
+    if result.error:
+        raise CheckFailed(f"example request failed: {result.error}")
+    return forwards() - before, result
+
+
 def _engine(ctx: ConformanceContext) -> Any:
     def build() -> Any:
         from mstar.engine.builder import EngineConfig, build_core
