@@ -1,0 +1,230 @@
+"""Media decoding with limits, for the preprocess pool: images (Pillow), audio (soundfile, or
+PyAV for what libsndfile cannot read; ``soxr`` resamples to the feature extractor's rate) and
+video (PyAV: frames sampled at a fixed rate, and optionally the audio track).
+
+    limits = MediaLimits(allowed_domains=("example.com",))
+    raw = fetch_bytes(url, limits, part="messages[0].content[1] (image_url)")
+    image = decode_image(raw, limits, part)                      # PIL.Image, RGB
+    wave = decode_audio(raw, limits, part, rate=16000)           # float32 mono numpy
+    video = decode_video(raw, limits, part, fps=2.0, temporal_patch_size=2, audio_rate=16000)
+
+Every failure is a ``ValueError`` whose message starts with the part's name: undecodable data,
+a media type that does not match, a part over a limit (bytes, pixels, seconds, frames), a remote
+URL whose host is not allowed. ``data:`` URLs and bare base64 always work; ``http(s)`` URLs only
+for hosts in ``allowed_domains`` (a host matches a domain or any of its subdomains).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    max_bytes: int = 50 * 1024 * 1024  # encoded size of one part
+    max_image_pixels: int = 40_000_000  # width * height of one decoded image
+    max_audio_seconds: float = 600.0
+    max_video_seconds: float = 600.0
+    max_video_frames: int = 768  # sampled frames of one video
+    allowed_domains: tuple[str, ...] = field(default_factory=tuple)
+    fetch_timeout_s: float = 10.0
+
+
+@dataclass
+class DecodedVideo:
+    frames: np.ndarray  # (frames, height, width, 3) uint8, sampled at ``fps``
+    fps: float
+    audio: np.ndarray | None  # float32 mono at the requested rate; None without an audio track
+
+
+def _host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    host = host.lower().rstrip(".")
+    return any(host == d or host.endswith("." + d) for d in (a.lower().strip(".") for a in allowed))
+
+
+def _b64(text: str, limits: MediaLimits, part: str) -> bytes:
+    if len(text) * 3 // 4 > limits.max_bytes:
+        raise ValueError(f"{part}: over the limit of {limits.max_bytes} bytes")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{part}: data is not valid base64") from None
+
+
+def fetch_bytes(source: str, limits: MediaLimits, part: str) -> bytes:
+    """A ``data:`` URL, an allowed ``http(s)`` URL, or bare base64 -> the encoded bytes."""
+    if source.startswith("data:"):
+        header, sep, payload = source.partition(",")
+        if not sep:
+            raise ValueError(f"{part}: malformed data URL")
+        if header.endswith(";base64"):
+            return _b64(payload, limits, part)
+        data = urllib.parse.unquote_to_bytes(payload)
+    elif "://" in source:
+        url = urllib.parse.urlsplit(source)
+        if url.scheme not in ("http", "https"):
+            raise ValueError(f"{part}: URL scheme {url.scheme!r} is not allowed (use a data URL, base64 or http(s))")
+        if not limits.allowed_domains or not _host_allowed(url.hostname or "", limits.allowed_domains):
+            raise ValueError(f"{part}: remote URL host {url.hostname!r} is not in the allowed media domains")
+        try:
+            with urllib.request.urlopen(source, timeout=limits.fetch_timeout_s) as response:  # noqa: S310 - scheme checked
+                data = response.read(limits.max_bytes + 1)
+        except OSError as exc:
+            raise ValueError(f"{part}: could not fetch {source}: {exc}") from None
+    else:
+        return _b64(source, limits, part)
+    if len(data) > limits.max_bytes:
+        raise ValueError(f"{part}: over the limit of {limits.max_bytes} bytes")
+    return data
+
+
+def decode_image(data: bytes, limits: MediaLimits, part: str):  # -> PIL.Image.Image
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(data))  # lazy: the size is known before pixels are decoded
+        width, height = image.size
+        if width * height > limits.max_image_pixels:
+            raise ValueError(
+                f"{part}: image is {width}x{height} = {width * height} pixels, over the limit of {limits.max_image_pixels}"
+            )
+        image.load()
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError) as exc:
+        raise ValueError(f"{part}: not a decodable image ({exc})") from None
+    return image.convert("RGB")
+
+
+def _resample(wave: np.ndarray, rate: int, target: int) -> np.ndarray:
+    if rate == target:
+        return wave.astype(np.float32, copy=False)
+    import soxr
+
+    return soxr.resample(wave, rate, target).astype(np.float32, copy=False)
+
+
+def decode_audio(data: bytes, limits: MediaLimits, part: str, rate: int, fmt: str | None = None) -> np.ndarray:
+    """Encoded audio -> float32 mono at ``rate``. ``fmt`` (e.g. OpenAI's ``input_audio.format``)
+    must match the container when given."""
+    import soundfile as sf
+
+    try:
+        info = sf.info(io.BytesIO(data))
+    except (sf.LibsndfileError, RuntimeError, TypeError):
+        info = None
+    if info is not None:
+        if fmt and not _format_matches(fmt, info.format):
+            raise ValueError(f"{part}: declared format {fmt!r} but the data is {info.format.lower()}")
+        if info.duration > limits.max_audio_seconds:
+            raise ValueError(f"{part}: audio is {info.duration:.1f} s, over the limit of {limits.max_audio_seconds} s")
+        wave, source_rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        return _resample(wave.mean(axis=1), source_rate, rate)
+    wave = _decode_audio_stream(data, limits, part, rate, fmt)
+    if wave is None:
+        raise ValueError(f"{part}: not decodable audio" + (f" in format {fmt!r}" if fmt else ""))
+    return wave
+
+
+_SOUNDFILE_NAMES = {"wav": ("WAV", "WAVEX", "RF64"), "flac": ("FLAC",), "ogg": ("OGG",), "mp3": ("MP3",)}
+
+
+def _format_matches(declared: str, container: str) -> bool:
+    return container.upper() in _SOUNDFILE_NAMES.get(declared.lower(), (declared.upper(),))
+
+
+def _decode_audio_stream(data: bytes, limits: MediaLimits, part: str, rate: int, fmt: str | None) -> np.ndarray | None:
+    """The first audio stream of any container FFmpeg reads (mp3, m4a, webm, a video's track)."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if fmt and not _container_matches(fmt, container.format.name):
+                raise ValueError(f"{part}: declared format {fmt!r} but the data is {container.format.name}")
+            return _read_audio_track(container, limits.max_audio_seconds, part, rate)
+    except av.FFmpegError:
+        return None
+
+
+def _container_matches(declared: str, names: str) -> bool:
+    aliases = {"m4a": "mp4", "aac": "aac", "webm": "matroska", "mp3": "mp3", "wav": "wav", "ogg": "ogg", "flac": "flac"}
+    want = aliases.get(declared.lower(), declared.lower())
+    return any(want == n or n.startswith(want) for n in names.split(","))
+
+
+def _read_audio_track(container, max_seconds: float, part: str, rate: int) -> np.ndarray | None:
+    import av
+
+    streams = [s for s in container.streams if s.type == "audio"]
+    if not streams:
+        return None
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+    chunks: list[np.ndarray] = []
+    samples = 0
+    for frame in container.decode(streams[0]):
+        for out in resampler.resample(frame):
+            chunk = out.to_ndarray().reshape(-1)
+            chunks.append(chunk)
+            samples += chunk.size
+        if samples > max_seconds * rate:
+            raise ValueError(f"{part}: audio is over the limit of {max_seconds} s")
+    for out in resampler.resample(None):
+        chunks.append(out.to_ndarray().reshape(-1))
+    return np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+
+
+def decode_video(
+    data: bytes,
+    limits: MediaLimits,
+    part: str,
+    fps: float,
+    temporal_patch_size: int,
+    audio_rate: int | None = None,
+) -> DecodedVideo:
+    """Frames at times k / fps (the first frame shown at or after each time), as many as fill the
+    video, rounded down to a multiple of ``temporal_patch_size``; the audio track too when
+    ``audio_rate`` is given."""
+    import av
+
+    try:
+        container = av.open(io.BytesIO(data))
+    except av.FFmpegError as exc:
+        raise ValueError(f"{part}: not a decodable video ({exc})") from None
+    with container:
+        streams = [s for s in container.streams if s.type == "video"]
+        if not streams:
+            raise ValueError(f"{part}: no video stream")
+        stream = streams[0]
+        frames: list[np.ndarray] = []
+        step = Fraction(1) / Fraction(fps).limit_denominator(1000)
+        next_time = Fraction(0)
+        try:
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                t = Fraction(frame.pts) * stream.time_base
+                if t > limits.max_video_seconds:
+                    raise ValueError(f"{part}: video is over the limit of {limits.max_video_seconds} s")
+                if t + Fraction(1, 10**6) >= next_time:
+                    frames.append(frame.to_ndarray(format="rgb24"))
+                    next_time += step
+                    if len(frames) > limits.max_video_frames:
+                        raise ValueError(
+                            f"{part}: video samples over the limit of {limits.max_video_frames} frames at {fps} fps"
+                        )
+        except av.FFmpegError as exc:
+            raise ValueError(f"{part}: corrupt video ({exc})") from None
+        keep = len(frames) // temporal_patch_size * temporal_patch_size
+        if keep == 0:
+            raise ValueError(f"{part}: video is too short for {temporal_patch_size} frames at {fps} fps")
+        audio = None
+        if audio_rate is not None:
+            container.seek(0)
+            audio = _read_audio_track(container, limits.max_video_seconds, part, audio_rate)
+    return DecodedVideo(np.stack(frames[:keep]), float(fps), audio)
