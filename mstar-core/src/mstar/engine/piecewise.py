@@ -1,7 +1,8 @@
 """The piecewise-graph runner: runs a node's labelled inner region.
 
-On CUDA the region is captured per batch-size bucket; on CPU the same API runs it eagerly,
-so the plumbing (static inputs, the gathered sampler) is exercised everywhere.
+Today the runner calls the region eagerly on every device: no code captures a CUDA graph
+yet. The API (labelled regions, static inputs, the batch's gathered sampler passed in) is
+the one capture will use, so plugins written against it need no change when it lands.
 """
 
 from __future__ import annotations

@@ -79,7 +79,8 @@ class MixedBatchConfig:
 
 @dataclass(frozen=True)
 class PiecewiseGraphConfig:
-    """A labelled inner region of a node's forward that the runner may capture.
+    """A labelled inner region of a node's forward, run through the piecewise runner
+    (eagerly today: CUDA graph capture is not implemented yet).
 
     ``capture_fn(static_inputs: dict[str, Tensor], sampler) -> dict[str, Tensor]``: when
     ``uses_sampler`` is set, the runner passes the batch's gathered sampler as ``sampler``

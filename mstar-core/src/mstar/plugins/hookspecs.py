@@ -78,9 +78,10 @@ def mstar_mixed_batch_configs(model_name: str, config: dict) -> Any:
 
 @hookspec(firstresult=True)
 def mstar_piecewise_graph_configs(model_name: str, node: str, submodule: Any) -> Any:
-    """``{label: PiecewiseGraphConfig}``: inner regions of ``node``'s forward the runner may
-    capture. With ``uses_sampler`` the runner passes the batch's gathered sampler into the
-    captured function. Default none.
+    """``{label: PiecewiseGraphConfig}``: labelled inner regions of ``node``'s forward, run
+    through the piecewise runner. With ``uses_sampler`` the runner passes the batch's
+    gathered sampler into the region's function. The runner calls regions eagerly today (no
+    CUDA graph capture yet); the contract is the one capture will use. Default none.
 
     Called once per engine process for each node placed there, after the node is built.
     """
