@@ -75,9 +75,10 @@ def tok(ckpt: Path):
 
 def hf_greedy(hf, ids: list[int], n: int, eos: bool = True) -> tuple[list[int], torch.Tensor]:
     """transformers generate: (new ids, [steps, vocab] logits); ``eos=False`` never stops early."""
-    config = transformers.GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=hf.config.eos_token_id if eos else None, pad_token_id=0)
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), generation_config=config, output_logits=True, return_dict_in_generate=True)
+    config = transformers.GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=hf.config.eos_token_id if eos else None,
+                                           pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():  # an explicit mask: id 0 is a real token here, not padding
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), generation_config=config)
     return out.sequences[0, len(ids):].tolist(), torch.cat(out.logits)
 
 
@@ -226,3 +227,35 @@ def test_n_choices_and_prompt_lists_are_seeded(client) -> None:
     assert [c.text for c in first.choices] == [c.text for c in again.choices]
     assert len({c.text for c in first.choices}) > 1
     assert first.usage.completion_tokens == 4 * 8
+
+
+def test_chat_logprobs_and_tools_reach_the_template(client, hf, tok) -> None:
+    prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=True)["input_ids"]
+    ids, logits = hf_greedy(hf, prompt, 5, eos=False)
+    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True,
+                                          top_logprobs=2, extra_body={"ignore_eos": True})
+    content = resp.choices[0].logprobs.content
+    want = torch.log_softmax(logits, -1)[torch.arange(5), torch.tensor(ids)]
+    torch.testing.assert_close(torch.tensor([e.logprob for e in content]), want, atol=1e-4, rtol=1e-4)
+    assert all(len(e.top_logprobs) == 2 for e in content)
+    tools = [{"type": "function", "function": {"name": "get_time", "description": "Now.", "parameters": {"type": "object", "properties": {}}}}]
+    with_tools = tok.apply_chat_template(MESSAGES, tools=tools, add_generation_prompt=True, return_dict=True)["input_ids"]
+    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1, temperature=0, tools=tools)
+    assert resp.usage.prompt_tokens == len(with_tools) > len(prompt)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "Hi", "echo": True, "logprobs": 1}, "echo"),
+    ({"prompt": "Hi", "suffix": "x"}, "suffix"),
+    ({"prompt": "Hi", "n": 2, "best_of": 3}, "best_of"),
+    ({"prompt": "Hi", "logprobs": 21}, "logprobs"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [999999]}, "prompt"),
+    ({"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
+])
+def test_completion_errors_name_the_field(server, body: dict, param: str) -> None:
+    import httpx
+
+    r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
