@@ -170,6 +170,11 @@ def test_an_allowed_host_is_fetched_and_equals_the_data_url(preprocessor):
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path == "/away":
+                self.send_response(302)
+                self.send_header("Location", "http://example.com/a.png")
+                self.end_headers()
+                return
             self.send_response(200)
             self.send_header("Content-Type", "image/png")
             self.send_header("Content-Length", str(len(body)))
@@ -187,6 +192,9 @@ def test_an_allowed_host_is_fetched_and_equals_the_data_url(preprocessor):
         fetched = _run(preprocessor, _image_message(url), MediaLimits(allowed_domains=("127.0.0.1",)))
         with pytest.raises(ValueError, match="not in the allowed media domains"):
             _run(preprocessor, _image_message(url))  # no allow-list: refused
+        away = url.replace("/a.png", "/away")
+        with pytest.raises(ValueError, match=r"content\[1\] \(image_url\): remote URL host 'example.com' is not in"):
+            _run(preprocessor, _image_message(away), MediaLimits(allowed_domains=("127.0.0.1",)))
     finally:
         server.shutdown()
         server.server_close()

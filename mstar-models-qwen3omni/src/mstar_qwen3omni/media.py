@@ -59,6 +59,26 @@ def _b64(text: str, limits: MediaLimits, part: str) -> bytes:
         raise ValueError(f"{part}: data is not valid base64") from None
 
 
+def _check_url(source: str, limits: MediaLimits, part: str) -> None:
+    url = urllib.parse.urlsplit(source)
+    if url.scheme not in ("http", "https"):
+        raise ValueError(f"{part}: URL scheme {url.scheme!r} is not allowed (use a data URL, base64 or http(s))")
+    if not limits.allowed_domains or not _host_allowed(url.hostname or "", limits.allowed_domains):
+        raise ValueError(f"{part}: remote URL host {url.hostname!r} is not in the allowed media domains")
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is followed only to a URL that passes the same checks as the first one."""
+
+    def __init__(self, limits: MediaLimits, part: str) -> None:
+        self.limits = limits
+        self.part = part
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
+        _check_url(newurl, self.limits, self.part)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def fetch_bytes(source: str, limits: MediaLimits, part: str) -> bytes:
     """A ``data:`` URL, an allowed ``http(s)`` URL, or bare base64 -> the encoded bytes."""
     if source.startswith("data:"):
@@ -69,13 +89,10 @@ def fetch_bytes(source: str, limits: MediaLimits, part: str) -> bytes:
             return _b64(payload, limits, part)
         data = urllib.parse.unquote_to_bytes(payload)
     elif "://" in source:
-        url = urllib.parse.urlsplit(source)
-        if url.scheme not in ("http", "https"):
-            raise ValueError(f"{part}: URL scheme {url.scheme!r} is not allowed (use a data URL, base64 or http(s))")
-        if not limits.allowed_domains or not _host_allowed(url.hostname or "", limits.allowed_domains):
-            raise ValueError(f"{part}: remote URL host {url.hostname!r} is not in the allowed media domains")
+        _check_url(source, limits, part)
+        opener = urllib.request.build_opener(_CheckedRedirects(limits, part))
         try:
-            with urllib.request.urlopen(source, timeout=limits.fetch_timeout_s) as response:  # noqa: S310 - scheme checked
+            with opener.open(source, timeout=limits.fetch_timeout_s) as response:
                 data = response.read(limits.max_bytes + 1)
         except OSError as exc:
             raise ValueError(f"{part}: could not fetch {source}: {exc}") from None
