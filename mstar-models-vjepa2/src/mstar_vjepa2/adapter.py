@@ -11,3 +11,8 @@ from mstar.api import ApiAdapter
 class VJEPA2Adapter(ApiAdapter):
     def __init__(self, config: dict[str, Any], checkpoint_dir: Path | None) -> None:
         self.config = config
+
+
+class VJEPA2ACAdapter(ApiAdapter):
+    def __init__(self, config: dict[str, Any], checkpoint_dir: Path | None) -> None:
+        self.config = config

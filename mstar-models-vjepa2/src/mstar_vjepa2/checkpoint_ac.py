@@ -108,3 +108,46 @@ def encoder_state(upstream: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             out[key] = value  # reported as unexpected by the strict load
     return out
+
+
+def encoder_state_to_upstream(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of ``encoder_state`` (for writing tiny checkpoints in upstream's layout)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in ours.items():
+        if key.startswith("embeddings.patch_embeddings."):
+            out["patch_embed." + key[len("embeddings.patch_embeddings."):]] = value
+        elif key.startswith("layernorm."):
+            out["norm." + key[len("layernorm."):]] = value
+        elif m := re.match(r"layer\.(\d+)\.attention\.(query|key|value)\.(weight|bias)$", key):
+            if m.group(2) == "query":
+                parts = [ours[f"layer.{m.group(1)}.attention.{n}.{m.group(3)}"] for n in ("query", "key", "value")]
+                out[f"blocks.{m.group(1)}.attn.qkv.{m.group(3)}"] = torch.cat(parts)
+        elif m := re.match(r"layer\.(\d+)\.attention\.proj\.(.*)$", key):
+            out[f"blocks.{m.group(1)}.attn.proj.{m.group(2)}"] = value
+        elif m := re.match(r"layer\.(\d+)\.(.*)$", key):
+            out[f"blocks.{m.group(1)}.{m.group(2)}"] = value
+    return out
+
+
+TINY_AC: dict[str, Any] = {
+    "model_type": "vjepa2-ac", "img_size": 16, "patch_size": 4, "tubelet_size": 2, "in_chans": 3,
+    "embed_dim": 48, "encoder_depth": 2, "encoder_num_heads": 4, "encoder_mlp_hidden": 96,
+    "predictor_dim": 48, "predictor_depth": 2, "predictor_num_heads": 4, "predictor_mlp_hidden": 96,
+    "action_dim": 7, "use_extrinsics": False,
+}
+
+
+def write_checkpoint(path: Path, seed: int = 0) -> None:
+    """A tiny random checkpoint in upstream's layout (``vjepa2-ac-vitg.pt`` + config.json)."""
+    from mstar_vjepa2.ac_predictor import ACPredictor
+    from mstar_vjepa2.checkpoint import random_state
+    from mstar_vjepa2.vit import Encoder
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    enc = random_state(Encoder(encoder_config(TINY_AC)), seed)
+    pred = random_state(ACPredictor(ac_config(TINY_AC)), seed + 1)
+    torch.save({"encoder": {f"module.backbone.{k}": v for k, v in encoder_state_to_upstream(enc).items()},
+                "predictor": {f"module.{k}": v for k, v in pred.items()}}, path / "vjepa2-ac-vitg.pt")
+    extra = {k: TINY_AC[k] for k in ("model_type", "img_size", "encoder_num_heads", "predictor_num_heads", "use_extrinsics")}
+    (path / "config.json").write_text(json.dumps(extra, indent=2))

@@ -155,8 +155,15 @@ class KVNodeExecutor(NodeExecutor):
 
         node = self.node
         ei = super()._engine_inputs(rows)
+        sub = node.submodule
+        assert isinstance(sub, ARNodeSubmodule)
+        masks = [
+            sub.attention_mask(r.walk, r.prepared.info, r.num_tokens, node.kv.num_tokens(r.req.id, "main"))
+            for r in rows
+        ]
         batch = AttentionBatch.build(
-            [(r.req.id, "main", r.num_tokens, True, None) for r in rows], node.kv, node.device
+            [(r.req.id, "main", r.num_tokens, True, m) for r, m in zip(rows, masks, strict=True)],
+            node.kv, node.device,
         )
         node.attention.plan(batch)
         ei.attention = node.attention

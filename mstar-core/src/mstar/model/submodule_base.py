@@ -248,6 +248,15 @@ class ARNodeSubmodule(NodeSubmodule):
     @abstractmethod
     def max_model_len(self) -> int: ...
 
+    def attention_mask(
+        self, graph_walk: str, info: CurrentForwardPassInfo, query_len: int, kv_len: int
+    ) -> torch.Tensor | None:
+        """This row's attention rule for the step: None (the default) is causal; else a
+        bool [query_len, kv_len] mask, True = may attend, over the row's whole cache (the
+        new tokens are its last ``query_len`` positions). E.g. frame-causal attention of a
+        world model that adds a frame of many tokens per step."""
+        return None
+
     def split_inputs(
         self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs, start: int, end: int
     ) -> ARNodeInputs:

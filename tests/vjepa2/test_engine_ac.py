@@ -1,0 +1,130 @@
+"""``vjepa2ac`` through the real engine: the rollout runs on M*'s paged KV cache one frame
+per step and equals upstream's full-sequence recompute (fixtures from upstream's code);
+encoding equals upstream's encoder; planning scores K candidates in one batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from mstar import Engine
+from mstar.testing.conformance import assert_conformant
+from mstar_vjepa2.ac_predictor import ACPredictor
+from mstar_vjepa2.checkpoint import load_strict
+from mstar_vjepa2.checkpoint_ac import ac_config, infer_config, read_upstream
+from mstar_vjepa2.plan import costs
+from mstar_vjepa2.rollout import rollout_recompute
+from safetensors.torch import load_file
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CKPT = FIXTURES / "ac_tiny"
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return load_file(str(FIXTURES / "ac_reference.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine.from_model("vjepa2-ac", weights=CKPT) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    model = ACPredictor(ac_config(infer_config(CKPT))).eval()
+    load_strict(model, read_upstream(CKPT)[1], "predictor")
+    return model
+
+
+def _rollout_request(ref, b):
+    ctx = ref["rollout_context"][b]
+    return {"inputs": {"latents": ctx.flatten(0, 1), "actions": ref["rollout_actions"][b], "states": ref["rollout_states"][b]},
+            "kwargs": {"task": "rollout_latents"}}
+
+
+def test_plugin_conformance():
+    assert_conformant("vjepa2-ac")
+
+
+def test_kv_cached_rollout_equals_upstream_recompute(engine, ref):
+    want = ref["rollout_out"]  # [B, horizon, N, E]
+    outs = engine.run_batch([_rollout_request(ref, b) for b in range(want.shape[0])])
+    for b, out in enumerate(outs):
+        assert out.error is None, out.error
+        got = torch.stack(out.signals["prediction"])
+        assert got.shape == want[b].shape
+        assert (got - want[b]).abs().max().item() < TOL
+        assert out.finish_reason == "stop"
+
+
+def test_rollout_streams_one_prediction_per_step(engine, ref):
+    events = [e for e in engine.generate(**_rollout_request(ref, 1)) if e.signal == "prediction"]
+    assert len(events) == ref["rollout_out"].shape[1]
+    for h, e in enumerate(events):
+        assert (e.data - ref["rollout_out"][1, h]).abs().max().item() < TOL
+
+
+def test_encode_equals_upstream_encoder(engine, ref):
+    (out,) = engine.run_batch([{"inputs": {"video": ref["frames"]}, "kwargs": {"task": "encode"}}])
+    assert out.error is None, out.error
+    assert (out.signals["latents"][0] - ref["encoded"][0]).abs().max().item() < TOL
+
+
+def test_plan_scores_k_candidates_like_a_recompute_rollout(engine, ref, predictor):
+    ctx = ref["rollout_context"][0]  # 2 context frames
+    states = ref["rollout_states"][0]
+    ctx_actions = ref["rollout_actions"][0][:1]
+    goal = ref["rollout_out"][1, -1]
+    cand = 0.3 * torch.randn(8, 3, 7, generator=torch.Generator().manual_seed(4))
+    for objective in ("l1", "l2", "cosine"):
+        (out,) = engine.run_batch([{
+            "inputs": {"latents": ctx.flatten(0, 1), "actions": ctx_actions, "states": states, "goal_latents": goal,
+                       "candidates": cand},
+            "kwargs": {"task": "plan_latents", "objective": objective}}])
+        assert out.error is None, out.error
+        actions = torch.cat([ctx_actions.expand(8, -1, -1), cand], dim=1)
+        final = rollout_recompute(predictor, ctx.expand(8, -1, -1, -1), actions, states.expand(8, -1, -1), 3)[:, -1]
+        want = costs(final, goal, objective)
+        got = out.signals["costs"][0]
+        assert got.shape == (8,)
+        assert (got - want).abs().max().item() < 1e-5
+        assert int(out.signals["best_index"][0]) == int(want.argmin())
+        assert torch.equal(out.signals["plan_actions"][0], cand[int(want.argmin())])
+
+
+def test_cem_is_seeded_and_beats_its_first_samples(engine, ref):
+    ctx = ref["rollout_context"][0][:1]
+    states = ref["rollout_states"][0][:1]
+    goal = ref["rollout_out"][0, 1]
+    req = {"inputs": {"latents": ctx.flatten(0, 1), "states": states, "goal_latents": goal},
+           "kwargs": {"task": "plan_latents", "cem": {"samples": 16, "iterations": 4, "topk": 4, "horizon": 2, "init_std": 0.3, "seed": 7}}}
+    a, b = engine.run_batch([req, req])
+    assert a.error is None, a.error
+    assert torch.equal(a.signals["plan_actions"][0], b.signals["plan_actions"][0])
+    assert a.signals["plan_actions"][0].shape == (2, 7)
+    first = dict(req, kwargs={**req["kwargs"], "cem": {**req["kwargs"]["cem"], "iterations": 1}})
+    (one,) = engine.run_batch([first])
+    assert a.signals["costs"][0].mean() < one.signals["costs"][0].mean()
+
+
+@pytest.mark.parametrize(("inputs", "needle"), [
+    ({"actions": torch.zeros(3, 6)}, "action dimension 7"),
+    ({"actions": torch.zeros(1, 7)}, "actions: 1 rows given"),
+    ({"states": torch.zeros(2, 3)}, "states: expected"),
+])
+def test_bad_rollout_inputs_fail_alone(engine, ref, inputs, needle):
+    good = _rollout_request(ref, 0)
+    bad = {"inputs": {**good["inputs"], **inputs}, "kwargs": good["kwargs"]}
+    ok, err = engine.run_batch([good, bad])
+    assert ok.error is None and len(ok.signals["prediction"]) == 3
+    assert err.error is not None and needle in err.error
+
+
+def test_a_frame_cut_by_chunked_prefill_fails_loudly(ref):
+    with Engine.from_model("vjepa2-ac", weights=CKPT, max_num_batched_tokens=20) as eng:
+        (out,) = eng.run_batch([_rollout_request(ref, 0)])
+    assert out.error is not None and "chunked prefill" in out.error
