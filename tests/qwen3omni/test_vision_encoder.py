@@ -82,3 +82,21 @@ def test_bfloat16_weights_stay_close_to_float32(towers):
     half.load_state_dict(ours.state_dict())
     got = half.to(torch.bfloat16)(pixels, grid).embeds.float()
     assert (got - full).abs().max().item() < 0.1 * full.abs().max().item()
+
+
+def test_segment_attention_equals_a_block_diagonal_mask():
+    """The grouped, padded attention equals one dense attention with a block-diagonal mask."""
+    from mstar_qwen3omni.media_attention import SegmentPlan, segment_attention
+
+    lengths = torch.tensor([64, 1, 7, 64, 3, 50, 2, 33, 64])
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(int(lengths.sum()), 4, 8, generator=gen) for _ in range(3))
+    plan = SegmentPlan.from_lengths(lengths)
+    assert 1 < len(plan.groups) < len(lengths)  # grouped by length, not one group, not one per segment
+    got = segment_attention(q, k, v, plan, scale=0.3)
+    owner = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    mask = owner[:, None] == owner[None, :]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=0.3
+    ).transpose(0, 1)
+    assert (got - expected).abs().max().item() < 1e-5
