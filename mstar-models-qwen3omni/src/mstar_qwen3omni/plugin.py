@@ -1,31 +1,85 @@
 """Qwen3-Omni's hook implementations (entry point ``qwen3omni`` in ``mstar.models``).
 
-Graph: partition ``thinker`` runs ``prefill`` then the ``decode`` loop on the KV node
-``thinker`` (``mstar.text.lm``'s text-LLM graph and signals); each step samples one text
-token. Prefill and decode rows of different requests share one forward (a mixed batch).
+Graph: partition ``thinker`` runs, per request, the encoder walks its media need
+(``encode_audio`` on node ``audio_encoder``, ``encode_image`` / ``encode_video`` on node
+``vision_encoder``; request kwarg ``media``, e.g. ``["image", "audio"]``), then ``prefill``
+and the ``decode`` loop on the KV node ``thinker`` (``mstar.text.lm``'s text-LLM signals).
+Encoder rows of many requests run as one batch; the encoders run once per request, before
+the prefill, however many chunks the prefill takes. Prefill and decode rows of different
+requests share one forward (a mixed batch).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mstar import hookimpl
-from mstar.graph import GraphSpec
+from mstar.graph import EngineKind, GraphSpec, NodeSpec, Signal, Step, Walk
 from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers
 
 from mstar_qwen3omni.config import ARCHITECTURE, load_config
 
 MODEL_NAME = "qwen3omni"
-THINKER = "thinker"
+THINKER, AUDIO_ENCODER, VISION_ENCODER = "thinker", "audio_encoder", "vision_encoder"
 GENERATION_CONFIG = "generation_config"
+MEDIA = "media"  # request kwarg: the kinds of media the request carries
+MEDIA_KINDS = ("audio", "image", "video")  # their encoder walks run in this order
+
+
+@dataclass(frozen=True)
+class ThinkerWalks:
+    """The request's encoder walks (from kwarg ``media``), then prefill and decode."""
+
+    def order(self, request_kwargs: Mapping) -> tuple[str, ...]:
+        media = set(request_kwargs.get(MEDIA) or ())
+        unknown = media - set(MEDIA_KINDS)
+        if unknown:
+            raise ValueError(f"unknown media kind(s) {sorted(unknown)} in kwarg {MEDIA!r}; known: {list(MEDIA_KINDS)}")
+        return (*(f"encode_{k}" for k in MEDIA_KINDS if k in media), "prefill", "decode")
+
+    def first_walk(self, partition: str, request_kwargs: Mapping) -> str | None:
+        return self.order(request_kwargs)[0]
+
+    def next_walk(self, partition: str, finished_walk: str, request_kwargs: Mapping) -> str | None:
+        order = self.order(request_kwargs)
+        i = order.index(finished_walk)
+        return order[i + 1] if i + 1 < len(order) else None
+
+    def walks(self) -> set[str]:
+        return {*(f"encode_{k}" for k in MEDIA_KINDS), "prefill", "decode"}
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
-    from mstar.text.lm import text_lm_graph
+    from mstar.text.lm import PROMPT, text_lm_graph
 
-    return text_lm_graph(THINKER)
+    from mstar_qwen3omni import encoder_nodes as enc
+
+    text = text_lm_graph(THINKER)
+    encode = {
+        enc.ENCODE_AUDIO: (AUDIO_ENCODER, enc.AUDIO_INPUTS, enc.AUDIO_OUTPUTS),
+        enc.ENCODE_IMAGE: (VISION_ENCODER, enc.IMAGE_INPUTS, enc.IMAGE_OUTPUTS),
+        enc.ENCODE_VIDEO: (VISION_ENCODER, enc.VIDEO_INPUTS, enc.VIDEO_OUTPUTS),
+    }
+    # The processor's tensors are optional request inputs, which a graph cannot declare: an
+    # encoder step waits on the prompt (always there) and reads its tensors from the request.
+    walks = {name: Walk(name, THINKER, Step(node, (PROMPT,), outputs)) for name, (node, _, outputs) in encode.items()}
+    # Encoder outputs persist until the prefill (a later walk) reads them.
+    signals = {name: Signal(name, persist=True) for _, _, outputs in encode.values() for name in outputs}
+    return GraphSpec(
+        nodes={
+            **text.nodes,
+            AUDIO_ENCODER: NodeSpec(AUDIO_ENCODER, EngineKind.STATELESS),
+            VISION_ENCODER: NodeSpec(VISION_ENCODER, EngineKind.STATELESS),
+        },
+        signals={**text.signals, **signals},
+        walks={**walks, **text.walks},
+        state_machine=ThinkerWalks(),
+        request_inputs=text.request_inputs,
+    )
 
 
 def text_view(config: dict[str, Any]) -> dict[str, Any]:
@@ -47,11 +101,37 @@ def _write_tiny(path: Path) -> None:
 
 
 def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """A text request, and one with an image, a video and an audio (every walk runs)."""
     import torch
 
-    # <|im_start|>user\n ... <|im_end|>\n<|im_start|>assistant\n (released ids)
-    ids = torch.tensor([151644, 872, 198, 100, 101, 102, 151645, 198, 151644, 77091, 198])
-    return [{"inputs": {"prompt_ids": ids}, "sampling": {"main": {"temperature": 0, "max_tokens": 4}}}]
+    from mstar_qwen3omni.config import MultimodalTokens
+    from mstar_qwen3omni.positions import audio_token_count
+
+    t, vision = MultimodalTokens.from_config(config), config["thinker_config"]["vision_config"]
+    mels = config["thinker_config"]["audio_config"].get("num_mel_bins", 128)
+    width = vision.get("in_channels", 3) * vision.get("temporal_patch_size", 2) * vision.get("patch_size", 16) ** 2
+    merge = t.spatial_merge_size
+    image, video = torch.tensor([[1, 2 * merge, 2 * merge]]), torch.tensor([[2, 2 * merge, 2 * merge]])
+    frames = 40
+    n_audio = int(audio_token_count(torch.tensor(frames), t.audio_n_window))
+    head, tail = [151644, 872, 198], [100, 101, 151645, 198, 151644, 77091, 198]  # released chat ids
+    body = [
+        t.vision_start_token_id, *[t.image_token_id] * 4, t.vision_end_token_id,
+        t.vision_start_token_id, *[t.video_token_id] * 8, t.vision_end_token_id,
+        t.audio_start_token_id, *[t.audio_token_id] * n_audio, t.audio_end_token_id,
+    ]
+    greedy = {"main": {"temperature": 0, "max_tokens": 4}}
+    media = {
+        "prompt_ids": torch.tensor(head + body + tail),
+        "pixel_values": torch.randn(int(image.prod()), width), "image_grid_thw": image,
+        "pixel_values_videos": torch.randn(int(video.prod()), width), "video_grid_thw": video,
+        "video_second_per_grid": torch.tensor([1.0]),
+        "input_features": torch.randn(1, mels, frames), "feature_attention_mask": torch.ones(1, frames, dtype=torch.long),
+    }
+    return [
+        {"inputs": {"prompt_ids": torch.tensor(head + tail)}, "sampling": greedy},
+        {"inputs": media, "sampling": greedy, "kwargs": {MEDIA: list(MEDIA_KINDS)}},
+    ]
 
 
 @hookimpl
@@ -63,7 +143,7 @@ def mstar_model_spec() -> ModelSpec:
         load_config=_load_config,
         build_graph=build_graph,
         write_tiny_checkpoint=_write_tiny,
-        default_placement={THINKER: "0"},
+        default_placement={THINKER: "0", AUDIO_ENCODER: "0", VISION_ENCODER: "0"},
         max_model_len=lambda cfg: int(text_view(cfg).get("max_position_embeddings", 32768)),
         example_requests=_example_requests,
     )
@@ -71,9 +151,10 @@ def mstar_model_spec() -> ModelSpec:
 
 @hookimpl
 def mstar_node_factories(config: dict) -> dict[str, Any]:
+    from mstar_qwen3omni.encoder_nodes import build_audio_encoder, build_vision_encoder
     from mstar_qwen3omni.loading import build_thinker
 
-    return {THINKER: build_thinker}
+    return {THINKER: build_thinker, AUDIO_ENCODER: build_audio_encoder, VISION_ENCODER: build_vision_encoder}
 
 
 @hookimpl

@@ -32,6 +32,14 @@ VIDEO_EMBEDS, VIDEO_DEEPSTACK = "video_embeds", "video_deepstack"
 AUDIO_EMBEDS = "audio_embeds"
 
 
+def _audio_lengths(signals: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    """Mel frames per audio: given, or counted from the processor's feature mask."""
+    if signals.get("audio_feature_lengths") is not None:
+        return torch.as_tensor(signals["audio_feature_lengths"])
+    mask = signals.get("feature_attention_mask")
+    return None if mask is None else torch.as_tensor(mask).sum(-1)
+
+
 class ThinkerNode(ARNodeSubmodule):
     def __init__(self, config: dict[str, Any], dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -62,7 +70,7 @@ class ThinkerNode(ARNodeSubmodule):
             image_grid_thw=signals.get("image_grid_thw"),
             video_grid_thw=signals.get("video_grid_thw"),
             video_second_per_grid=signals.get("video_second_per_grid"),
-            audio_feature_lengths=signals.get("audio_feature_lengths"),
+            audio_feature_lengths=_audio_lengths(signals),
         )
         return ARNodeInputs(
             input_ids=ids,
@@ -159,7 +167,11 @@ class ThinkerNode(ARNodeSubmodule):
             value = signals.get(key)
             if value is None:
                 if where.numel():
-                    raise ValueError(f"the prompt has {where.numel()} {key.split('_')[0]} placeholders but no {key.split('_')[0]} input")
+                    kind = key.split("_")[0]
+                    raise ValueError(
+                        f"the prompt has {where.numel()} {kind} placeholders but no {kind} embeddings "
+                        f"(pass the processor's {kind} tensors with request kwarg media=[..., {kind!r}])"
+                    )
                 continue
             value = torch.as_tensor(value)
             if value.shape != (where.numel(), self.text.hidden_size):
