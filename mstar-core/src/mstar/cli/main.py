@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "models": "mstar.cli.models:models",
     "check-plugin": "mstar.cli.check_plugin:check_plugin",
     "serve": "mstar.cli.serve:serve",
+    "bench": "mstar.cli.bench:bench",
 }
 
 
