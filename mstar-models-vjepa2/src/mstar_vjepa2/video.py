@@ -1,0 +1,122 @@
+"""Video in: decoding with PyAV (mp4, webm, gif, ...) or Pillow (a list of images), frame
+sampling and the preprocessing of ``transformers``' ``VJEPA2VideoProcessor`` in plain torch.
+
+Why not call ``transformers``' processor: it needs ``torchvision``, whose registry wheels
+are CUDA builds that do not load beside the CPU ``torch`` pinned here. The steps below are
+the processor's (read from its source), and ``tests/vjepa2/test_preprocess.py`` checks the
+output against the processor's own, recorded in a throw-away environment where it loads:
+
+1. resize so the short side is ``size.shortest_edge`` (long side ``int(S·long/short)``),
+   bilinear with antialiasing, on the uint8 frames;
+2. centre crop to ``crop_size`` (top/left = ``int((in − out) / 2)``);
+3. ``(x − 255·mean) / (255·std)`` in float32.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class VideoPreprocessing:
+    shortest_edge: int
+    crop: int
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    rescale_factor: float = 1 / 255
+
+    @classmethod
+    def for_crop(cls, crop: int) -> VideoPreprocessing:
+        return cls(int(crop * 256 / 224), crop)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: Path | None, crop: int) -> VideoPreprocessing:
+        """From ``video_preprocessor_config.json`` when the checkpoint has one. As the
+        processor does, the resize follows the crop: ``shortest_edge = int(crop·256/224)``."""
+        path = None if checkpoint_dir is None else Path(checkpoint_dir) / "video_preprocessor_config.json"
+        if path is None or not path.is_file():
+            return cls.for_crop(crop)
+        cfg = json.loads(path.read_text())
+        c = cfg.get("crop_size", crop)
+        c = int(c["height"]) if isinstance(c, dict) else int(c)
+        return cls(int(c * 256 / 224), c, tuple(cfg.get("image_mean", cls.mean)), tuple(cfg.get("image_std", cls.std)),
+                   float(cfg.get("rescale_factor", 1 / 255)))
+
+
+def resized_size(height: int, width: int, shortest_edge: int) -> tuple[int, int]:
+    short, long = (width, height) if width <= height else (height, width)
+    new_long = int(shortest_edge * long / short)
+    return (new_long, shortest_edge) if width <= height else (shortest_edge, new_long)
+
+
+def preprocess(frames: torch.Tensor, p: VideoPreprocessing) -> torch.Tensor:
+    """uint8 frames [T, H, W, 3] → pixel_values_videos [T, 3, crop, crop] float32."""
+    if frames.dtype != torch.uint8 or frames.dim() != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"video: expected uint8 RGB frames [T, H, W, 3], got {frames.dtype} {list(frames.shape)}")
+    x = frames.permute(0, 3, 1, 2).contiguous()
+    size = resized_size(x.shape[-2], x.shape[-1], p.shortest_edge)
+    if size != tuple(x.shape[-2:]):
+        x = F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True)
+    h, w = x.shape[-2:]
+    if p.crop > h or p.crop > w:  # pad as the processor does (only for tiny inputs)
+        ph, pw = max(p.crop - h, 0), max(p.crop - w, 0)
+        x = F.pad(x, (pw // 2, (pw + 1) // 2, ph // 2, (ph + 1) // 2))
+        h, w = x.shape[-2:]
+    top, left = int((h - p.crop) / 2.0), int((w - p.crop) / 2.0)
+    x = x[..., top : top + p.crop, left : left + p.crop]
+    mean = torch.tensor(p.mean) * (1.0 / p.rescale_factor)
+    std = torch.tensor(p.std) * (1.0 / p.rescale_factor)
+    return (x.to(torch.float32) - mean[:, None, None]) / std[:, None, None]
+
+
+def sample_indices(total: int, num_frames: int | None) -> np.ndarray:
+    """Uniform sampling as the processor's ``do_sample_frames`` with ``num_frames``."""
+    if num_frames is None:
+        return np.arange(total)
+    if not 1 <= num_frames <= total:
+        raise ValueError(f"num_frames: {num_frames} asked, the video has {total}")
+    return np.arange(num_frames, dtype=int) * total // num_frames
+
+
+def decode_video(data: bytes, max_frames: int) -> torch.Tensor:
+    """An encoded video file (any container/codec FFmpeg reads: mp4, webm, gif, ...) →
+    uint8 RGB frames [T, H, W, 3]. More than ``max_frames`` decoded frames is an error."""
+    import av
+
+    frames = []
+    try:
+        with av.open(io.BytesIO(data)) as box:
+            if not box.streams.video:
+                raise ValueError("video: the file has no video stream")
+            for frame in box.decode(video=0):
+                if len(frames) == max_frames:
+                    raise ValueError(f"video: more than {max_frames} frames; send fewer or set num_frames")
+                frames.append(frame.to_ndarray(format="rgb24"))
+    except av.error.FFmpegError as exc:
+        raise ValueError(f"video: cannot decode the file ({exc})") from None
+    if not frames:
+        raise ValueError("video: the file holds no frame")
+    return torch.from_numpy(np.stack(frames))
+
+
+def decode_images(files: list[bytes]) -> torch.Tensor:
+    """A list of image files (PNG, JPEG, ...) → uint8 RGB frames [T, H, W, 3] (same size)."""
+    from PIL import Image, UnidentifiedImageError
+
+    out = []
+    for i, data in enumerate(files):
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                out.append(np.asarray(img.convert("RGB")))
+        except (UnidentifiedImageError, OSError) as exc:
+            raise ValueError(f"images[{i}]: cannot decode ({exc})") from None
+    if not out or any(o.shape != out[0].shape for o in out):
+        raise ValueError("images: give one or more images of one size")
+    return torch.from_numpy(np.stack(out))
