@@ -18,11 +18,21 @@ def cases(omni_ckpt):
     return make_cases(omni_ckpt)
 
 
-def _run(engine, cases):
-    requests = [
-        {"inputs": {"prompt_ids": torch.tensor(c.prompt), **c.engine_inputs}, "sampling": GREEDY, "kwargs": {"return_logits": True}}
-        for c in cases
-    ]
+def _request(case, raw: bool) -> dict:
+    """``raw``: the processor's media tensors through M*'s encoder nodes; else the encoder
+    outputs of transformers' own towers straight into the Thinker."""
+    if not raw:
+        return {"inputs": {"prompt_ids": torch.tensor(case.prompt), **case.engine_inputs}, "sampling": GREEDY,
+                "kwargs": {"return_logits": True}}
+    media = {k: v for k, v in case.hf_inputs.items() if isinstance(v, torch.Tensor)}
+    kinds = [kind for kind, key in (("audio", "input_features"), ("image", "pixel_values"), ("video", "pixel_values_videos"))
+             if key in media]
+    return {"inputs": {"prompt_ids": torch.tensor(case.prompt), **media}, "sampling": GREEDY,
+            "kwargs": {"return_logits": True, "media": kinds}}
+
+
+def _run(engine, cases, raw: bool = False):
+    requests = [_request(c, raw) for c in cases]
     results = engine.run_batch(requests)
     assert all(r.error is None for r in results), [r.error for r in results]
     return results
@@ -54,11 +64,21 @@ def test_ragged_multimodal_batch_matches_transformers(omni_ckpt, omni_engines, c
     print(f"budget {budget}: worst {worst:.2e}")
 
 
+@pytest.mark.parametrize("budget", [2048, 8], ids=["whole-prefill", "chunked-prefill"])
+def test_raw_media_through_the_encoder_nodes_matches_transformers(omni_ckpt, omni_engines, cases, budget):
+    """The whole Thinker: processor tensors through M*'s audio and vision encoder nodes (all
+    requests' media in one encoder batch) and the LLM, against transformers' Thinker."""
+    engine = omni_engines(omni_ckpt, max_num_batched_tokens=budget)
+    batch = list(cases.values())
+    worst = _check(omni_ckpt, batch, _run(engine, batch, raw=True))
+    print(f"raw media, budget {budget}: worst {worst:.2e}")
+
+
 @pytest.mark.parametrize("name", ["text", "image", "video_with_audio"])
 def test_greedy_ids_equal_transformers_generate(omni_ckpt, omni_engines, cases, name):
     engine = omni_engines(omni_ckpt)
     case = cases[name]
-    ours = _run(engine, [case])[0].cat("tokens").tolist()
+    ours = _run(engine, [case], raw=True)[0].cat("tokens").tolist()
     assert ours == hf_greedy(omni_ckpt, case, STEPS)
 
 
