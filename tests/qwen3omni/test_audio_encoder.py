@@ -92,3 +92,25 @@ def test_missing_key_is_one_error_naming_it(towers, tmp_path):
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="ln_post.bias"):
         load_safetensors(AudioEncoder(ours.cfg), tmp_path, "thinker.audio_tower.")
+
+
+@torch.no_grad()
+def test_requests_in_processor_layout_equal_one_transformers_call_each(towers):
+    """encode_requests takes the processor's padded (audios, mel, frames) + mask per request."""
+    ref, ours = towers
+
+    def processor_layout(mels):
+        frames = max(m.shape[1] for m in mels)
+        feats = torch.zeros(len(mels), mels[0].shape[0], frames)
+        mask = torch.zeros(len(mels), frames, dtype=torch.long)
+        for i, m in enumerate(mels):
+            feats[i, :, : m.shape[1]] = m
+            mask[i, : m.shape[1]] = 1
+        return feats, mask
+
+    requests = [_mels([37, 250], 32, seed=6), _mels([930], 32, seed=7), _mels([12, 80, 5], 32, seed=8)]
+    got = ours.encode_requests([processor_layout(r) for r in requests])
+    for mels, out in zip(requests, got, strict=True):
+        expected = _reference(ref, mels)
+        assert out.shape == expected.shape
+        assert (out - expected).abs().max().item() < TOL

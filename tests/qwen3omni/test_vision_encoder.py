@@ -100,3 +100,16 @@ def test_segment_attention_equals_a_block_diagonal_mask():
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=0.3
     ).transpose(0, 1)
     assert (got - expected).abs().max().item() < 1e-5
+
+
+@torch.no_grad()
+def test_requests_are_split_back_per_request(towers):
+    ref, ours = towers
+    requests = [GRIDS[:2], GRIDS[2:3], GRIDS[3:]]
+    inputs = [(_pixels(g, ours.cfg, seed=10 + i), torch.tensor(g)) for i, g in enumerate(requests)]
+    got = ours.encode_requests(inputs)
+    for (pixels, grid), out in zip(inputs, got, strict=True):
+        expected = ref(pixels, grid_thw=grid)
+        assert _max_err(out.embeds, expected.pooler_output) < TOL
+        for mine, theirs in zip(out.deepstack, expected.deepstack_features, strict=True):
+            assert _max_err(mine, theirs) < TOL

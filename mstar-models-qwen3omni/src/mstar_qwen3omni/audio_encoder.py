@@ -10,6 +10,7 @@ Interface (stateless, batched over any number of audios of different lengths; no
     feats, lens = pack_features(input_features, feature_attention_mask)   # processor tensors
     tokens = enc(feats, lens, pad_groups=None)       # (sum(audio_output_lengths(lens)), output_dim)
     per_audio = tokens.split(audio_output_lengths(lens, cfg.n_window).tolist())
+    per_request = enc.encode_requests([(input_features, feature_attention_mask), ...])
 
 ``pad_groups`` (one id per audio) says which audios transformers would encode in one call (the
 audios of one request): transformers pads every chunk of a call to that call's longest chunk, and
@@ -200,6 +201,20 @@ class AudioEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x, plan)
         return self.proj2(self.act(self.proj1(self.ln_post(x))))
+
+    def encode_requests(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """Several requests' processor tensors, ``(input_features (audios, mel, frames),
+        feature_attention_mask (audios, frames))`` each, as one batch -> per request its audio
+        tokens ``(tokens, output_dim)``, its audios one after the other. A request's audios are
+        padded together, as transformers pads the audios of one request."""
+        packed = [pack_features(f, m) for f, m in requests]
+        device = self.conv2d1.weight.device
+        feats = torch.cat([f.to(device) for f, _ in packed], dim=1)
+        lens = torch.cat([n for _, n in packed]).to(device)
+        groups = torch.repeat_interleave(torch.arange(len(packed)), torch.tensor([n.numel() for _, n in packed]))
+        out = self.forward(feats, lens, groups.to(device))
+        per_request = [int(audio_output_lengths(n, self.cfg.n_window).sum()) for _, n in packed]
+        return list(out.split(per_request))
 
     def encode(self, mels: list[torch.Tensor], pad_groups: list[int] | None = None) -> list[torch.Tensor]:
         """Convenience: a list of (num_mel_bins, frames) tensors -> a list of (tokens, output_dim)."""

@@ -14,6 +14,7 @@ Python in the math):
     out.embeds                                   # (sum(t*h*w) / merge^2, out_hidden_size)
     out.deepstack                                # one tensor of that shape per deepstack layer
     counts = vision_token_counts(grid_thw, cfg.spatial_merge_size)   # LLM tokens per image/video
+    per_request = enc.encode_requests([(pixel_values, grid_thw), ...])  # list of VisionOutput
 
 ``pixel_values`` are the processor's flattened patches, ``(sum(t*h*w), in_channels *
 temporal_patch_size * patch_size^2)`` in merge-block order; ``grid_thw`` is ``(items, 3)``.
@@ -215,3 +216,15 @@ class VisionEncoder(nn.Module):
             if index in self.cfg.deepstack_visual_indexes:
                 deepstack.append(self.merger_list[self.cfg.deepstack_visual_indexes.index(index)](x))
         return VisionOutput(self.merger(x), deepstack)
+
+    def encode_requests(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[VisionOutput]:
+        """Several requests' ``(pixel_values, grid_thw)`` (images or videos) as one batch -> per
+        request its merged tokens and deepstack features, its items one after the other."""
+        device = self.pos_embed.weight.device
+        out = self.forward(
+            torch.cat([p.to(device) for p, _ in requests]), torch.cat([g.to(device) for _, g in requests])
+        )
+        sizes = [int(vision_token_counts(g, self.cfg.spatial_merge_size).sum()) for _, g in requests]
+        embeds = out.embeds.split(sizes)
+        deepstack = [d.split(sizes) for d in out.deepstack]
+        return [VisionOutput(embeds[i], [d[i] for d in deepstack]) for i in range(len(requests))]
