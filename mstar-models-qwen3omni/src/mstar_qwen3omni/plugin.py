@@ -175,8 +175,20 @@ def mstar_mixed_batch_configs(model_name: str, config: dict) -> list[MixedBatchC
 
 @hookimpl
 def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None) -> Any:
-    from mstar.api.text_adapter import TextLMAdapter
+    from mstar_qwen3omni.adapter import OmniChatAdapter, limits_from_env
 
     if checkpoint_dir is None:
-        raise ValueError("the Qwen3-Omni API adapter needs the checkpoint directory (tokenizer, chat template)")
-    return TextLMAdapter(checkpoint_dir, text_view(config), node=THINKER)
+        raise ValueError("the Qwen3-Omni API adapter needs the checkpoint directory (tokenizer, chat template, processor)")
+    return OmniChatAdapter(checkpoint_dir, text_view(config), THINKER, limits_from_env())
+
+
+@hookimpl
+def mstar_offload_preprocess(model_name: str, request: Any) -> bool | None:
+    """Media decoding and features run in the preprocess pool; a text-only chat is a
+    template and a tokenizer call, cheaper inline than a trip to a worker."""
+    from mstar_qwen3omni.adapter import has_media
+
+    messages = getattr(request, "messages", None)
+    if messages is None:
+        return None
+    return any(has_media(m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else m) for m in messages)

@@ -1,7 +1,8 @@
 """Tiny random Qwen3-Omni checkpoints in the released layout, written with transformers' own
 ``Qwen3OmniMoeForConditionalGeneration`` (Thinker only: ``enable_audio_output=False``, as the
 -Thinking and -Captioner checkpoints): config.json, model.safetensors (``thinker.*`` keys, one
-module per expert), generation_config.json, and a small tokenizer with the real special ids."""
+module per expert), generation_config.json, preprocessor_config.json, and a small tokenizer
+with the real special ids."""
 
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def write_checkpoint(
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
+    from mstar_qwen3omni.processing import write_preprocessor_config
     from mstar_qwen3omni.tiny_tokenizer import write_tokenizer
 
     path = Path(path)
@@ -84,6 +86,12 @@ def write_checkpoint(
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     model.save_pretrained(path)
     write_tokenizer(path)
+    factor = vision_cfg["patch_size"] * vision_cfg["spatial_merge_size"]
+    write_preprocessor_config(
+        path, patch_size=vision_cfg["patch_size"], temporal_patch_size=vision_cfg["temporal_patch_size"],
+        merge_size=vision_cfg["spatial_merge_size"], num_mel_bins=audio_cfg["num_mel_bins"],
+        min_pixels=factor**2, max_pixels=(4 * factor) ** 2,  # 1 to 16 LLM tokens per image
+    )
     (path / "generation_config.json").write_text(
         json.dumps({"eos_token_id": EOS_TOKEN_IDS, "pad_token_id": 151643}, indent=2)
     )
