@@ -137,6 +137,22 @@ def test_video_limits_on_seconds_and_frames(preprocessor):
         _run(preprocessor, corrupt)
 
 
+def test_video_frames_over_the_pixel_limit_and_empty_audio_are_refused(preprocessor):
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": _data_url("clip.mp4")}}]}]
+    with pytest.raises(ValueError, match=r"content\[0\] \(video_url\): video frames are 64x48 = 3072 pixels, over the limit of 3000"):
+        _run(preprocessor, messages, MediaLimits(max_image_pixels=3000))
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(0, np.float32), 16000, format="WAV")
+    empty = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": base64.b64encode(buf.getvalue()).decode(), "format": "wav"}}]}]
+    with pytest.raises(ValueError, match=r"content\[0\] \(input_audio\): audio has no samples"):
+        _run(preprocessor, empty)
+
+
 def test_unknown_part_type_is_named(preprocessor):
     messages = [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "file", "file": {}}]}]
     with pytest.raises(ValueError, match=r"^messages\[0\]\.content\[1\] \(file\): unsupported content part type"):

@@ -142,10 +142,13 @@ def decode_audio(data: bytes, limits: MediaLimits, part: str, rate: int, fmt: st
         if info.duration > limits.max_audio_seconds:
             raise ValueError(f"{part}: audio is {info.duration:.1f} s, over the limit of {limits.max_audio_seconds} s")
         wave, source_rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-        return _resample(wave.mean(axis=1), source_rate, rate)
-    wave = _decode_audio_stream(data, limits, part, rate, fmt)
-    if wave is None:
-        raise ValueError(f"{part}: not decodable audio" + (f" in format {fmt!r}" if fmt else ""))
+        wave = _resample(wave.mean(axis=1), source_rate, rate)
+    else:
+        wave = _decode_audio_stream(data, limits, part, rate, fmt)
+        if wave is None:
+            raise ValueError(f"{part}: not decodable audio" + (f" in format {fmt!r}" if fmt else ""))
+    if wave.size == 0:
+        raise ValueError(f"{part}: audio has no samples")
     return wave
 
 
@@ -218,6 +221,13 @@ def decode_video(
         if not streams:
             raise ValueError(f"{part}: no video stream")
         stream = streams[0]
+        width, height = stream.codec_context.width, stream.codec_context.height
+        if width * height > limits.max_image_pixels:
+            raise ValueError(
+                f"{part}: video frames are {width}x{height} = {width * height} pixels, over the limit of {limits.max_image_pixels}"
+            )
+        if container.duration is not None and container.duration / av.time_base > limits.max_video_seconds + 1:
+            raise ValueError(f"{part}: video is over the limit of {limits.max_video_seconds} s")
         frames: list[np.ndarray] = []
         step = Fraction(1) / Fraction(fps).limit_denominator(1000)
         next_time = Fraction(0)
