@@ -94,7 +94,7 @@ async def _speech(client: httpx.AsyncClient, body: dict[str, Any], record: Reque
             return
         rate = int(response.headers["x-sample-rate"])
         if fmt == "audio":
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_bytes():
                 if chunk:
                     record.chunk_times.append(time.perf_counter() - start)
                     audio_bytes += len(chunk)

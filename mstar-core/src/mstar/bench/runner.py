@@ -34,6 +34,7 @@ class RunOptions:
     speech_format: str = "audio"
     timeout_s: float = 600.0
     progress: bool = False
+    transport: httpx.AsyncBaseTransport | None = None  # e.g. httpx.ASGITransport(app) in-process
 
 
 def arrival_gaps(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> Iterator[float]:
@@ -59,7 +60,9 @@ async def arun(requests: Sequence[BenchRequest], options: RunOptions) -> BenchRu
     width = options.max_concurrency or len(requests) or 1
     limits = httpx.Limits(max_connections=width + 4, max_keepalive_connections=width + 4)
     timeout = httpx.Timeout(options.timeout_s, connect=30.0)
-    async with httpx.AsyncClient(base_url=options.base_url, headers=headers, timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=options.base_url, headers=headers, timeout=timeout, limits=limits, transport=options.transport
+    ) as client:
         model = options.model or await served_model(client)
         requests = [BenchRequest(r.workload, {"model": model, **r.body}) for r in requests]
 
