@@ -83,9 +83,29 @@ def test_every_growth_level_draws_the_same(monkeypatch, first):
     st = SamplingTensors.from_rows(rows, seeds, steps)
     default = Sampler().sample(logits, st).tokens
     monkeypatch.setattr(draw, "_FIRST_GROUPS", first)
+    monkeypatch.setattr(draw, "_FIRST_WIDTH", 4 * first)
     monkeypatch.setattr(draw, "_GROWTH", 2)
     assert torch.equal(Sampler().sample(logits, st).tokens, default)
     assert check_against_reference(logits, rows, seeds, steps) >= 0.9 * len(rows)
+
+
+def test_every_candidate_count_draws_what_the_reference_draws(monkeypatch):
+    # Levels of 1, 2, 3, ... groups: every relation between k, the nucleus and the
+    # candidates' bound occurs on some level; the result must never change.
+    def every_level(groups, max_k):
+        for num in range(1, 40):
+            yield groups.candidates(num)
+        yield None, None
+
+    monkeypatch.setattr(draw, "_levels", every_level)
+    gen = torch.Generator().manual_seed(11)
+    rows = [SamplingParams(top_k=k, top_p=p) for k in (2, 5, 12, 30) for p in (0.5, 0.8, 1.0)] * 2
+    seeds, steps = list(range(len(rows))), [0] * len(rows)
+    for logits in (
+        torch.randn(len(rows), 700, generator=gen) * 1.5,
+        torch.randint(0, 40, (len(rows), 700), generator=gen).float() / 4,  # ties at every bound
+    ):
+        assert check_against_reference(logits, rows, seeds, steps) >= 0.9 * len(rows)
 
 
 def test_branch_free_path_draws_the_same_tokens():

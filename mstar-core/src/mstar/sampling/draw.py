@@ -23,6 +23,7 @@ the same math over the whole vocabulary (a full sort only when a row uses top_k/
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 import torch
@@ -34,6 +35,7 @@ from mstar.sampling.vocab_groups import GROUP, VocabGroups
 
 _GREEDY_GROUPS = 4  # the maximum is in the top group unless it is tied across groups
 _FIRST_GROUPS = 64  # a first candidate set of ~1k tokens holds a peaked nucleus
+_FIRST_WIDTH = 4096  # then ordered prefixes of the whole row, before a full sort
 _GROWTH = 4
 
 
@@ -114,27 +116,32 @@ def _draw_kept(
     m: Tensor,
     rows: _Rows,
     mass: Tensor | None,
-    ids: Tensor | None,
-    bound: Tensor | None,
+    level: tuple[Tensor, Tensor] | tuple[None, None],
     cut: bool,
     divide: bool,
 ) -> tuple[Tensor, Tensor]:
-    """(tokens [b], covered [b]) drawn from the candidates ``ids`` (None: all of ``x``).
+    """(tokens [b], covered [b]) for one candidate ``level``: ids [b, C] that hold every
+    id whose logit is above bound [b, 1], or (None, None) for the whole vocabulary.
 
-    ``covered`` is False where the candidates cannot be shown to hold every token
-    the row keeps; such rows must be drawn again from a larger set.
+    ``covered`` is False where the level cannot be shown to hold every token the row
+    keeps; such rows must be drawn again from a larger level.
     """
+    ids, bound = level
     vocab = x.shape[1]
     xc = x if ids is None else x.gather(1, ids)
     d = _scaled(xc, m, rows.temperature, divide)
-    size = d.shape[1]
     covered = torch.ones(d.shape[0], dtype=torch.bool, device=x.device)
     thresh = torch.full_like(m, float("-inf"))
     if cut:
-        sorted_d = torch.sort(d, dim=1, descending=True).values
+        bound_d = None if bound is None else _scaled(bound, m, rows.temperature, divide)
+        sorted_d = _descending_prefix(d, bound_d)
+        size = sorted_d.shape[1]
         cum = torch.cumsum(sorted_d.exp(), dim=1, dtype=torch.float64)
         k_on = rows.top_k > 0
         k = torch.where(k_on, rows.top_k.clamp(max=vocab), vocab)
+        # The top-k mass is known when the k largest ids are in the prefix. A candidate
+        # prefix ends at the bound, itself a candidate (a group's maximum, or the
+        # smallest of a topk), so its k-th value there is the row's k-th value.
         k_known = k <= size
         mass_k = cum.gather(1, k.clamp(max=size) - 1)
         if mass is not None:
@@ -145,11 +152,10 @@ def _draw_kept(
         n_p = torch.where(rows.top_p >= 1.0, vocab, n_p)
         n = torch.minimum(k, n_p).clamp(min=1)
         thresh = sorted_d.gather(1, n.clamp(max=size) - 1)
-        # Known: the top-k mass (if any) lies in the candidates, and so does the cut.
         known = (~k_on | k_known) & (k_known | (n_p < size))
-        if bound is not None:
-            # Every token outside has d <= the bound's d: strictly below the cut, none is kept.
-            known &= _scaled(bound, m, rows.temperature, divide) < thresh
+        if bound_d is not None:
+            # Every id outside has d <= bound_d: strictly below the cut, none is kept.
+            known &= bound_d < thresh
         covered = known.squeeze(1)
     w = d.exp()
     weights = torch.where((d >= thresh) & (w >= rows.min_p), w, 0.0)
@@ -159,6 +165,39 @@ def _draw_kept(
     pos = inverse_cdf(weights, rows.u)
     tokens = pos if ids is None else ids.gather(1, pos.unsqueeze(1)).squeeze(1)
     return tokens, covered
+
+
+def _descending_prefix(d: Tensor, bound: Tensor | None) -> Tensor:
+    """The largest values of each row of ``d`` in descending order: those above
+    ``bound`` and one more (only they can be cut points), or all without a bound."""
+    if bound is None:
+        return torch.sort(d, dim=1, descending=True).values
+    width = int((d > bound).sum(dim=1).max()) + 1
+    if width >= d.shape[1]:
+        return torch.sort(d, dim=1, descending=True).values
+    return torch.topk(d, width, dim=1, sorted=True).values
+
+
+def _levels(groups: VocabGroups, max_k: int) -> Iterator[tuple[Tensor, Tensor] | tuple[None, None]]:
+    """Candidate levels, smallest first: the top groups (``k + 1`` groups hold the top k
+    ids above their bound), then the ``width`` largest logits of each row (a topk), then
+    the whole vocabulary."""
+    x = groups.x
+    vocab = x.shape[1]
+    num = max(_FIRST_GROUPS, max_k + 1)
+    while num * GROUP <= vocab // 32:
+        ids, bound = groups.candidates(num)
+        if ids is None:
+            break
+        yield ids, bound
+        num *= _GROWTH
+    width = max(_FIRST_WIDTH, max_k + 1)
+    while width <= vocab // 2:
+        top = torch.topk(x, width, dim=1, sorted=False)
+        # Everything left out is <= the smallest value taken.
+        yield top.indices, top.values.amin(dim=1, keepdim=True)
+        width *= _GROWTH
+    yield None, None
 
 
 def _greedy(groups: VocabGroups) -> Tensor:
@@ -180,23 +219,24 @@ def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
     x, m = groups.x, groups.row_max
     k_off = rows.top_k <= 0
     mass = total_mass(x, m, rows.temperature, divide) if bool(k_off.any()) else None
-    max_k = int(rows.top_k.max())
-    num = max(_FIRST_GROUPS, max_k + 1)  # k+1 groups hold the top k ids above the bound
-    tokens = torch.empty(x.shape[0], dtype=torch.int64)
-    todo = torch.arange(x.shape[0])
-    while True:
-        ids, bound = groups.candidates(num)
-        got, covered = _draw_kept(x, m, rows, mass, ids, bound, cut=True, divide=divide)
+    batch = x.shape[0]
+    tokens = torch.empty(batch, dtype=torch.int64)
+    todo = torch.arange(batch)
+    for ids, bound in _levels(groups, int(rows.top_k.max())):
+        xs, ms, rs, mass_s = x, m, rows, mass
+        if todo.numel() < batch:  # only the rows the last level did not cover
+            xs, ms, rs = x[todo], m[todo], rows.take(todo)
+            mass_s = None if mass is None else mass[todo]
+            if ids is not None and bound is not None:
+                ids, bound = ids[todo], bound[todo]
+        level = (None, None) if ids is None or bound is None else (ids, bound)
+        got, covered = _draw_kept(xs, ms, rs, mass_s, level, cut=True, divide=divide)
         if bool(covered.all()):
             tokens[todo] = got
             return tokens
         tokens[todo[covered]] = got[covered]
-        left = (~covered).nonzero().squeeze(1)
-        todo = todo[left]
-        groups = VocabGroups(x[left], groups.group_max[left], m[left])
-        x, m, rows = groups.x, groups.row_max, rows.take(left)
-        mass = None if mass is None else mass[left]
-        num *= _GROWTH
+        todo = todo[~covered]
+    raise AssertionError("the last level holds the whole vocabulary")
 
 
 def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
@@ -227,7 +267,7 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
         sel, xs = part(plain)
         divide = any(temps[i] != 1 for i in plain)
         m = xs.amax(dim=1, keepdim=True)
-        got, _ = _draw_kept(xs, m, rows_all.take(sel), None, None, None, cut=False, divide=divide)
+        got, _ = _draw_kept(xs, m, rows_all.take(sel), None, (None, None), cut=False, divide=divide)
         tokens[sel] = got
     return tokens
 
@@ -241,7 +281,7 @@ def draw_branch_free(x: Tensor, st: SamplingTensors) -> Tensor:
     rows = _Rows.of(st, torch.where(greedy, 1.0, st.temperature))
     m = x.amax(dim=1, keepdim=True)
     mass = total_mass(x, m, rows.temperature, True) if st.needs_sort else None
-    sampled, _ = _draw_kept(x, m, rows, mass, None, None, cut=st.needs_sort, divide=True)
+    sampled, _ = _draw_kept(x, m, rows, mass, (None, None), cut=st.needs_sort, divide=True)
     return torch.where(greedy, greedy_tokens, sampled)
 
 

@@ -1,0 +1,126 @@
+"""Sampler cost per decode step: the share of a batch-32 decode step spent sampling, at the
+Orpheus vocabulary (156,940), for greedy, top-k 50 and top-p 0.9, in one run.
+
+    .venv/bin/python benchmarks/sampler_cost.py [--batch 32 --layers 8 --hidden 512 --repeats 5]
+
+The decode step's model part is one forward of a random ``transformers`` Llama (8 layers,
+hidden 512, the Orpheus vocabulary) for one new token per row over a 64-token KV cache;
+the sampling part is ``mstar.sampling.CudaGraphableSampler.sample`` (the sampler the
+engine binds) on logits shaped like a language model's: an N(0, 2.5^2) background with
+eight tokens per row boosted by 12 to 24, so most rows put most of their mass on a few
+tokens and some spread it over thousands (the nucleus sizes are printed). Model and sampler calls are interleaved and medians reported, because the
+machine may be shared; the share is sampler / (model + sampler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from mstar.sampling import CudaGraphableSampler, SamplingParams
+
+VOCAB = 156_940
+SETTINGS = {
+    "greedy": SamplingParams(temperature=0.0),
+    "top-k 50": SamplingParams(temperature=1.0, top_k=50),
+    "top-p 0.9": SamplingParams(temperature=1.0, top_p=0.9),
+}
+
+
+def peaked_logits(batch: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """LM-like rows: an N(0, 2.5^2) background and eight tokens boosted by 12 to 24."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, vocab, generator=gen) * 2.5
+    hot = torch.randint(0, vocab, (batch, 8), generator=gen)
+    return x.scatter_add(1, hot, torch.rand(batch, 8, generator=gen) * 12 + 12)
+
+
+def nucleus_sizes(logits: torch.Tensor, top_p: float) -> list[int]:
+    p = torch.softmax(logits.double(), dim=1).sort(dim=1, descending=True).values
+    return sorted(((p.cumsum(dim=1) - p) < top_p).sum(dim=1).tolist())
+
+
+def make_sampler(params: SamplingParams, batch: int, vocab: int) -> Callable[[torch.Tensor], object]:
+    sampler = CudaGraphableSampler(batch, vocab)
+    for slot in range(batch):
+        sampler.add_request(slot, params, seed=1000 + slot)
+    slots = torch.arange(batch)
+    return lambda logits: sampler.sample(logits, slots)
+
+
+def make_model_step(batch: int, layers: int, hidden: int, context: int) -> Callable[[], object]:
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, VOCAB, (batch, context))
+    with torch.inference_mode():
+        cache = DynamicCache(config=cfg)
+        model(ids, past_key_values=cache, use_cache=True)
+    token = torch.randint(0, VOCAB, (batch, 1))
+    position = torch.full((batch, 1), context)
+
+    def step() -> object:
+        with torch.inference_mode():
+            out = model(token, past_key_values=cache, position_ids=position, use_cache=True, logits_to_keep=1)
+        cache.crop(-1)  # the next repeat decodes at the same length
+        return out.logits
+
+    return step
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(batch: int, layers: int, hidden: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """{setting: (median model step s, median sampler s)} measured interleaved."""
+    step = make_model_step(batch, layers, hidden, context=64)
+    logits = peaked_logits(batch, VOCAB)
+    samplers = {name: make_sampler(p, batch, VOCAB) for name, p in SETTINGS.items()}
+    step()
+    for s in samplers.values():
+        s(logits)
+    model_t: list[float] = []
+    sample_t: dict[str, list[float]] = {name: [] for name in samplers}
+    for _ in range(repeats):
+        model_t.append(timed(step))
+        for name, s in samplers.items():
+            sample_t[name].append(timed(lambda s=s: s(logits)))
+    model = statistics.median(model_t)
+    return {name: (model, statistics.median(t)) for name, t in sample_t.items()}
+
+
+def report(results: dict[str, tuple[float, float]]) -> None:
+    print(f"{'setting':>10} | {'model ms':>8} | {'sample ms':>9} | {'share of step':>13}")
+    for name, (model, sample) in results.items():
+        print(f"{name:>10} | {model * 1e3:>8.1f} | {sample * 1e3:>9.2f} | {sample / (model + sample):>12.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    sizes = nucleus_sizes(peaked_logits(args.batch, VOCAB), 0.9)
+    print(
+        f"vocab {VOCAB}, batch {args.batch}, Llama {args.layers} layers hidden {args.hidden}, "
+        f"torch threads {torch.get_num_threads()}; top-p 0.9 nucleus sizes: median "
+        f"{sizes[len(sizes) // 2]}, max {sizes[-1]}"
+    )
+    report(measure(args.batch, args.layers, args.hidden, args.repeats))
+
+
+if __name__ == "__main__":
+    main()
