@@ -1,0 +1,132 @@
+"""``mstar serve --model qwen3omni --random-weights`` over HTTP with the official openai
+client: text, image + text and audio + text chats (whole and streamed), a seeded sampled
+multimodal request alone and inside a batch of 8 mixed requests, and bad media parts as
+400s naming the part while the server keeps serving."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.e2e
+FIXTURES = Path(__file__).parent / "fixtures" / "processor"
+
+
+def _data_url(name: str, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode((FIXTURES / name).read_bytes()).decode()
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": _data_url("a.png", "image/png")}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": base64.b64encode((FIXTURES / "tone.wav").read_bytes()).decode(), "format": "wav"}}
+
+
+def _user(*parts: dict) -> list[dict]:
+    return [{"role": "system", "content": "You are terse."}, {"role": "user", "content": list(parts)}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path_factory.mktemp("qwen3omni-server") / "server.log").open("wb")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mstar.cli", "serve", "--model", "qwen3omni", "--random-weights", "--port", str(port),
+         "--preprocess-workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            assert proc.poll() is None, f"server exited with {proc.returncode}: {Path(log.name).read_text()[-3000:]}"
+            assert time.monotonic() < deadline, Path(log.name).read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat(client, messages, **kw):
+    return client.chat.completions.create(model="qwen3omni", messages=messages, max_tokens=8, temperature=0, **kw)
+
+
+@pytest.mark.parametrize("parts", [(IMAGE, {"type": "text", "text": "What is in the picture?"}),
+                                   (AUDIO, {"type": "text", "text": "Describe the sound."})], ids=["image", "audio"])
+def test_media_chat_whole_and_streamed_agree(client, parts):
+    whole = _chat(client, _user(*parts))
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 8
+    assert whole.usage.prompt_tokens > 20  # the media placeholders were expanded
+    stream = _chat(client, _user(*parts), stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == whole.choices[0].message.content
+
+
+def test_text_chat(client):
+    out = _chat(client, [{"role": "user", "content": "Hello!"}])
+    assert out.choices[0].finish_reason == "length" and out.choices[0].message.content
+
+
+def test_seeded_multimodal_request_is_the_same_alone_and_in_a_mixed_batch(client):
+    seeded = {"temperature": 1.0, "seed": 7}
+    probe = _user(IMAGE, AUDIO, {"type": "text", "text": "Both?"})
+    alone = client.chat.completions.create(model="qwen3omni", messages=probe, max_tokens=8, **seeded).choices[0].message.content
+    others = [_user(IMAGE, {"type": "text", "text": f"picture {i}"}) if i % 3 == 0 else
+              _user(AUDIO, {"type": "text", "text": f"sound {i}"}) if i % 3 == 1 else
+              [{"role": "user", "content": f"text only {i}"}] for i in range(7)]
+
+    def send(messages):
+        return client.chat.completions.create(model="qwen3omni", messages=messages, max_tokens=8, temperature=1.0).choices[0].message.content
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(send, m) for m in others[:4]]
+        probe_future = pool.submit(lambda: client.chat.completions.create(model="qwen3omni", messages=probe, max_tokens=8,
+                                                                        **seeded).choices[0].message.content)
+        futures += [pool.submit(send, m) for m in others[4:]]
+        assert all(f.result() is not None for f in futures)
+        assert probe_future.result() == alone
+
+
+@pytest.mark.parametrize(
+    ("part", "needle"),
+    [
+        ({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"not a png").decode()}},
+         "messages[1].content[0] (image_url)"),
+        ({"type": "input_audio", "input_audio": {"data": AUDIO["input_audio"]["data"], "format": "mp3"}},
+         "messages[1].content[0] (input_audio)"),
+        ({"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}, "messages[1].content[0] (image_url)"),
+    ],
+    ids=["corrupt-image", "wrong-audio-format", "disallowed-remote-url"],
+)
+def test_bad_media_part_is_a_400_naming_it_and_the_server_keeps_serving(client, part, needle):
+    with pytest.raises(openai.BadRequestError) as err:
+        _chat(client, _user(part, {"type": "text", "text": "?"}))
+    assert needle in str(err.value)
+    assert _chat(client, _user(IMAGE)).choices[0].finish_reason == "length"
