@@ -190,7 +190,7 @@ class ACPredictorNode(ARNodeSubmodule):
 
         h = p.blocks(x[None], positions, attend)[0]
         last = indptr[1:, None] - cfg.patches + torch.arange(cfg.patches, device=h.device)  # each row's last frame
-        pred = normalize(p.predictor_proj(p.predictor_norm(h[last])))
+        pred = normalize(p.predictor_proj(p.predictor_norm(h[last])))[:, None]  # [B, 1, N, E]: steps stack on dim 0
         return BatchedModelOutput(row_outputs={"prediction": pred, "steps_left": steps_left.to(pred.device)})
 
     def check_stop_batched(self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput) -> BatchedStopCheck:
