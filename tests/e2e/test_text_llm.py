@@ -225,7 +225,7 @@ def test_n_choices_and_prompt_lists_are_seeded(client) -> None:
     again = client.completions.create(prompt=["Hello", "你好"], n=2, **kw)
     assert [c.index for c in first.choices] == [0, 1, 2, 3]
     assert [c.text for c in first.choices] == [c.text for c in again.choices]
-    assert len({c.text for c in first.choices}) > 1
+    assert first.choices[0].text != first.choices[1].text  # one prompt's choices differ
     assert first.usage.completion_tokens == 4 * 8
 
 
@@ -259,3 +259,38 @@ def test_completion_errors_name_the_field(server, body: dict, param: str) -> Non
     r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, **body}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+def test_generate_returns_logits_on_request(server, hf, tok) -> None:
+    import base64
+
+    import httpx
+    import numpy as np
+
+    ids = tok.encode("Hello world")
+    _, want = hf_greedy(hf, ids, 3, eos=False)
+    body = {"model": MODEL, "inputs": {"prompt_ids": ids}, "sampling": {"temperature": 0, "max_tokens": 3, "ignore_eos": True}}
+    plain = httpx.post(f"{server.url}/v1/generate", json=body, timeout=60).json()
+    assert "logits" not in plain["outputs"]
+    r = httpx.post(f"{server.url}/v1/generate", json={**body, "kwargs": {"return_logits": True}}, timeout=60).json()
+    t = r["outputs"]["logits"]
+    got = np.frombuffer(base64.b64decode(t["data"]), dtype=t["dtype"]).reshape(t["shape"])
+    torch.testing.assert_close(torch.from_numpy(got.copy()).reshape(want.shape), want, atol=1e-4, rtol=1e-4)
+
+
+def test_chat_n_choices_whole_and_streamed(client, tok) -> None:
+    prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=True)["input_ids"]
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=1.0, seed=5, n=3, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    texts = [c.message.content for c in whole.choices]
+    assert len(set(texts)) > 1
+    assert whole.usage.prompt_tokens == len(prompt) and whole.usage.completion_tokens == 3 * 6
+    streamed = ["", "", ""]
+    finished = {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished[c.index] = c.finish_reason
+    assert streamed == texts and finished == {0: "length", 1: "length", 2: "length"}

@@ -50,6 +50,7 @@ class TextLMAdapter(ApiAdapter):
     logprob_signal = LOGPROB
     top_logprob_ids_signal = TOP_IDS
     top_logprob_values_signal = TOP_VALUES
+    max_n = 16  # chat choices per request
 
     def __init__(self, checkpoint_dir: str | Path, config: Mapping[str, Any], node: str = "lm") -> None:
         self.checkpoint_dir = str(checkpoint_dir)

@@ -21,6 +21,7 @@ from mstar.sampling.params import MAX_TOP_LOGPROBS
 from mstar.server.execution import Execution
 from mstar.server.logprobs import LogprobAssembler, logprob_signals
 from mstar.server.output_tracker import OutputTracker
+from mstar.server.routes_chat_choices import chat_choices
 from mstar.server.runtime import ServerRuntime
 from mstar.server.streaming import (
     SSE_DONE,
@@ -67,6 +68,8 @@ def check_chat_request(rt: ServerRuntime, req: ChatCompletionRequest) -> None:
 
 async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest, receive: Receive) -> Response:
     check_chat_request(rt, req)
+    if req.n > 1:  # several choices, each its own engine request
+        return await chat_choices(rt, req, receive)
     adapter = rt.adapter
     sampling = request_sampling(
         req,

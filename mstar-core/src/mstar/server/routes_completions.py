@@ -1,11 +1,10 @@
 """``POST /v1/completions``: OpenAI's text completions, whole or SSE.
 
-Each prompt × ``n`` is one choice, run as its own request (index ``prompt * n + j``);
-with a ``seed``, choice k samples with ``seed + k`` so choices differ yet repeat.
+Each prompt × ``n`` is one choice (index ``prompt * n + j``, see ``server.choices``).
 ``echo`` prepends the prompt's text; ``logprobs: N`` returns the chosen token's logprob
-and the top N alternatives per generated token (``text_offset`` counts the characters
-of each token's text). Not supported, and answered with a 400: ``suffix``, ``best_of``
-other than ``n``, and ``echo`` together with ``logprobs`` (that needs prompt logprobs).
+and the top N alternatives per generated token (``text_offset`` counts the characters of
+each token's text). Not supported, and answered with a 400: ``suffix``, ``best_of`` other
+than ``n``, and ``echo`` together with ``logprobs`` (that needs prompt logprobs).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,10 +23,17 @@ from mstar.api.errors import ApiError
 from mstar.api.protocol import CompletionRequest
 from mstar.api.sampling import request_sampling
 from mstar.sampling.params import MAX_TOP_LOGPROBS
-from mstar.sampling.seeds import MAX_SEED
-from mstar.server.execution import Execution
-from mstar.server.logprobs import LogprobAssembler, logprob_signals
-from mstar.server.output_tracker import OutputTracker
+from mstar.server.choices import (
+    Choice,
+    close_all,
+    interleave,
+    run_whole,
+    seed_for_choice,
+    start_all,
+    start_text_choice,
+    text_deltas,
+    usage,
+)
 from mstar.server.runtime import ServerRuntime
 from mstar.server.streaming import (
     SSE_DONE,
@@ -37,18 +42,9 @@ from mstar.server.streaming import (
     ending_with_error,
     sse,
 )
-from mstar.server.text_output import finish_reason, stop_strings
+from mstar.server.text_output import finish_reason
 
 MAX_CHOICES = 64
-
-
-@dataclass
-class _Choice:
-    index: int
-    ex: Execution
-    out: OutputTracker
-    echo: str
-    offset: int = 0  # text_offset of the next logprob entry
 
 
 def check_completion_request(rt: ServerRuntime, req: CompletionRequest) -> None:
@@ -83,91 +79,51 @@ def _echo_text(rt: ServerRuntime, prompt: str | list[int]) -> str:
     return decoder.decode(torch.tensor(prompt)) + decoder.flush()
 
 
-async def _start(rt: ServerRuntime, req: CompletionRequest, index: int, prompt: str | list[int]) -> _Choice:
-    adapter = rt.adapter
-    one = req.model_copy(update={"prompt": prompt})
-    sampling = request_sampling(one, max_tokens=("max_tokens", req.max_tokens))
-    if req.seed is not None and index:
-        sampling.set("seed", (req.seed + index) % (MAX_SEED + 1), "seed")
-    signals = [adapter.text_signal] if adapter.text_signal else []
-    logprobs = None
-    if req.logprobs is not None:
-        sampling.set("logprobs", True)
-        sampling.set("top_logprobs", req.logprobs, "logprobs")
-        signals += logprob_signals(adapter, req.logprobs)
-        logprobs = LogprobAssembler(adapter, req.logprobs)
-    ex = Execution(rt, COMPLETIONS, prefix="cmpl")
-    await ex.start(one, sampling, signals)
-    out = OutputTracker(rt, ex, adapter.text_decoder(), stop_strings(sampling.main.get("stop")), logprobs)
-    echo = _echo_text(rt, prompt) if req.echo else ""
-    return _Choice(index, ex, out, echo, len(echo))
-
-
 async def completions(rt: ServerRuntime, req: CompletionRequest, receive: Receive) -> Response:
     check_completion_request(rt, req)
     prompts = req.prompts()
-    choices: list[_Choice] = []
 
-    def close_all() -> None:
-        for c in choices:
-            c.ex.close()
+    async def start(k: int) -> Choice:
+        one = req.model_copy(update={"prompt": prompts[k // req.n]})
+        sampling = request_sampling(one, max_tokens=("max_tokens", req.max_tokens))
+        seed_for_choice(sampling, req.seed, k)
+        c = await start_text_choice(rt, COMPLETIONS, "cmpl", one, sampling, k, req.logprobs)
+        c.extra["echo"] = _echo_text(rt, one.prompt) if req.echo else ""
+        c.extra["offset"] = len(c.extra["echo"])  # text_offset of the next logprob entry
+        return c
 
-    try:
-        for k in range(len(prompts) * req.n):
-            choices.append(await _start(rt, req, k, prompts[k // req.n]))
-    except BaseException:
-        close_all()
-        raise
-    created = int(time.time())
-    head = {"id": choices[0].ex.request_id, "object": "text_completion", "created": created, "model": rt.model_name}
+    choices = await start_all(len(prompts) * req.n, start)
+    head = {"id": choices[0].ex.request_id, "object": "text_completion", "created": int(time.time()), "model": rt.model_name}
     headers = {"x-request-id": choices[0].ex.request_id}
     if req.stream:
         body = ending_with_error(_stream(req, head, choices), choices[0].ex, lambda exc: (sse(exc.body()), SSE_DONE))
-        return ManagedStreamingResponse(body, close_all, media_type="text/event-stream", headers=headers)
+        return ManagedStreamingResponse(body, lambda: close_all(choices), media_type="text/event-stream", headers=headers)
     try:
-        async with abort_on_disconnect(receive, close_all):
-            texts = await asyncio.gather(*(_run_whole(c) for c in choices))
+        async with abort_on_disconnect(receive, lambda: close_all(choices)):
+            texts = await asyncio.gather(*(run_whole(c) for c in choices))
     finally:
-        close_all()
+        close_all(choices)
     body = {
         **head,
         "choices": [
-            {"index": c.index, "text": c.echo + text, "logprobs": _legacy_logprobs(c, c.out.logprobs.content if c.out.logprobs else None),
+            {"index": c.index, "text": c.extra["echo"] + text,
+             "logprobs": _legacy_logprobs(c, c.out.logprobs.content if c.out.logprobs else None),
              "finish_reason": finish_reason(c.ex.finish_reason)}
             for c, text in zip(choices, texts, strict=True)
         ],
-        "usage": _usage(req, choices),
+        "usage": usage(choices, req.n),
     }
     return JSONResponse(body, headers=headers)
 
 
-async def _run_whole(c: _Choice) -> str:
-    async for batch in c.ex.batches():
-        c.out.consume(batch)
-        if c.out.text.stopped:
-            c.ex.stop()
-            break
-    c.out.finish()
-    if c.out.logprobs is not None:
-        c.out.logprobs.take()
-    return c.out.text.text
-
-
-def _usage(req: CompletionRequest, choices: list[_Choice]) -> dict[str, int]:
-    # A prompt counts once, however many choices it has.
-    prompt = sum(c.ex.engine_request.prompt_tokens for c in choices[:: req.n] if c.ex.engine_request)
-    completion = sum(c.out.tokens for c in choices)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _legacy_logprobs(c: _Choice, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+def _legacy_logprobs(c: Choice, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     """Chat-shaped logprob entries in the legacy completions shape."""
     if entries is None:
         return None
     offsets = []
     for e in entries:
-        offsets.append(c.offset)
-        c.offset += len(e["token"])
+        offsets.append(c.extra["offset"])
+        c.extra["offset"] += len(e["token"])
     return {
         "tokens": [e["token"] for e in entries],
         "token_logprobs": [e["logprob"] for e in entries],
@@ -176,50 +132,22 @@ def _legacy_logprobs(c: _Choice, entries: list[dict[str, Any]] | None) -> dict[s
     }
 
 
-async def _stream(req: CompletionRequest, head: dict[str, Any], choices: list[_Choice]) -> AsyncIterator[bytes]:
-    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
-
-    def frame(c: _Choice, text: str, logprobs: dict[str, Any] | None = None, finish: str | None = None) -> bytes:
+async def _stream(req: CompletionRequest, head: dict[str, Any], choices: list[Choice]) -> AsyncIterator[bytes]:
+    def frame(c: Choice, text: str, logprobs: dict[str, Any] | None = None, finish: str | None = None) -> bytes:
         return sse({**head, "choices": [{"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
 
-    async def pump(c: _Choice) -> None:
-        try:
-            if c.echo:
-                await queue.put(frame(c, c.echo))
-            lp = c.out.logprobs
-            async for batch in c.ex.batches():
-                text, _ = c.out.consume(batch)
-                entries = lp.take() if lp is not None else None
-                if text or entries:
-                    await queue.put(frame(c, text, _legacy_logprobs(c, entries)))
-                if c.out.text.stopped:
-                    c.ex.stop()
-                    break
-            last = c.out.finish()
-            if last:
-                await queue.put(frame(c, last))
-            if c.ex.finish_reason != "abort":
-                await queue.put(frame(c, "", None, finish_reason(c.ex.finish_reason)))
-            await queue.put(None)
-        except BaseException as exc:  # handed to the consumer, which ends the stream with it
-            await queue.put(exc)
+    async def frames(c: Choice) -> AsyncIterator[bytes]:
+        if c.extra["echo"]:
+            yield frame(c, c.extra["echo"])
+        async for text, entries in text_deltas(c):
+            yield frame(c, text, _legacy_logprobs(c, entries))
+        if c.ex.finish_reason != "abort":
+            yield frame(c, "", None, finish_reason(c.ex.finish_reason))
 
-    tasks = [asyncio.ensure_future(pump(c)) for c in choices]
-    try:
-        running = len(tasks)
-        while running:
-            item = await queue.get()
-            if item is None:
-                running -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()
+    async for item in interleave([frames(c) for c in choices]):
+        yield item
     if any(c.ex.finish_reason == "abort" for c in choices):
         return  # the client is gone
     if req.stream_options is not None and req.stream_options.include_usage:
-        yield sse({**head, "choices": [], "usage": _usage(req, choices)})
+        yield sse({**head, "choices": [], "usage": usage(choices, req.n)})
     yield SSE_DONE
