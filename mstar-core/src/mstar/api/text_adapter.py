@@ -58,6 +58,7 @@ class TextLMAdapter(ApiAdapter):
         self.vocab_size = int(config["vocab_size"])
         self.max_len = int(config["max_position_embeddings"])
         self._renderer: TokenRenderer | None = None
+        self.tokenizer  # noqa: B018  (load now: a missing tokenizer fails at start-up)
 
     @property
     def tokenizer(self) -> Any:
