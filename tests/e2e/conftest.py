@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,8 @@ import pytest
 
 API_KEY = "e2e-secret-key"
 SHM_DIR = Path("/dev/shm")
+FAULTY_PLUGIN = Path(__file__).resolve().parents[1] / "fixtures" / "plugins" / "faulty"
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
 
 
 def free_port() -> int:
@@ -148,6 +151,29 @@ class ServerProcess:
         assert not left, f"orphan processes {left} after shutdown:\n{self.log_tail()}"
         leaked = shm_segments() - self.shm_before
         assert not leaked, f"leaked shared-memory segments {sorted(leaked)}"
+
+
+def _pip(*args: str | Path) -> None:
+    proc = subprocess.run([*PIP, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"pip {args[0]} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+@pytest.fixture(scope="session")
+def faulty_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``faultytoy`` fixture plugin (tests/fixtures/plugins/faulty) installed, with real
+    dist-info and entry point, into a folder of its own: pass ``with_site(it)`` as env."""
+    root = tmp_path_factory.mktemp("faulty-plugin")
+    src = root / "src"  # a copy: setuptools' build/ and egg-info never litter the repo
+    shutil.copytree(FAULTY_PLUGIN, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", root / "wheels", src)
+    _pip("install", "--no-deps", "--no-index", "--target", root / "site", *(root / "wheels").glob("*.whl"))
+    return root / "site"
+
+
+def with_site(site: Path, **extra: str) -> dict[str, str]:
+    """This process's environment with ``site`` on PYTHONPATH (after any given already)."""
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(site)) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    srv = start_server(["--preprocess-workers", "1"])
+    srv = start_server(["--preprocess-workers", "1", "--no-restart-engines"])
     yield srv
     srv.kill_all()
 

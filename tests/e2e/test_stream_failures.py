@@ -11,44 +11,21 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from conftest import with_site
 
 pytestmark = pytest.mark.e2e
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "plugins" / "faulty"
 MODEL = "faultytoy"
-PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
-
-
-def _pip(*args: str | Path) -> None:
-    proc = subprocess.run([*PIP, *map(str, args)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"pip {args[0]} failed:\n{proc.stdout}\n{proc.stderr}"
-
-
-@pytest.fixture(scope="module")
-def faulty_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fixture plugin installed (real dist-info, entry point) into a folder of its own."""
-    root = tmp_path_factory.mktemp("faulty-plugin")
-    src = root / "src"  # a copy: setuptools' build/ and egg-info never litter the repo
-    shutil.copytree(FIXTURE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", root / "wheels", src)
-    _pip("install", "--no-deps", "--no-index", "--target", root / "site", *(root / "wheels").glob("*.whl"))
-    return root / "site"
 
 
 @pytest.fixture(scope="module")
 def server(start_server, faulty_site):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(faulty_site)) if p)}
-    srv = start_server(["--model", MODEL, "--preprocess-workers", "0"], env=env)
+    srv = start_server(["--model", MODEL, "--preprocess-workers", "0"], env=with_site(faulty_site))
     yield srv
     assert srv.stop() == 0, srv.log_tail()
     srv.assert_clean_exit()

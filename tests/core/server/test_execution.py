@@ -20,7 +20,7 @@ from mstar.server.tensor_codec import TensorCodec
 class SilentEngine:
     name = "0"
     down_reason = None
-    alive = True
+    alive = serving = True
 
     def __init__(self) -> None:
         self.sent: list = []
@@ -30,7 +30,7 @@ class SilentEngine:
 
 
 class Preprocess:
-    async def run(self, endpoint, request):
+    async def run(self, endpoint, request, request_id=""):
         return EngineRequest({"ids": torch.tensor([1, 2])})
 
 

@@ -20,6 +20,11 @@ class FakeEngine:
     def alive(self) -> bool:
         return self.down_reason is None
 
+    serving = alive
+
+    def unavailable_reason(self) -> str:
+        return self.down_reason or "is starting"
+
     def send(self, cmd) -> None:
         self.sent.append(cmd)
 
@@ -106,3 +111,26 @@ def test_abort_and_late_events_are_ignored(setup):
     assert all(isinstance(e.sent[-1], AbortRequest) for e in engines.values())
     router.on_events("a", [Event("r", "token", codec.encode(torch.tensor([1]))), Event("r", finished=True)])
     assert router.streams == {}
+
+
+@pytest.mark.parametrize(
+    ("sampling", "kwargs", "param"),
+    [
+        ({"lm": {"main": {"seed": 2**64}}}, {}, "seed"),
+        ({"lm": {"main": {"max_tokens": -(2**63) - 1}}}, {}, "max_tokens"),
+        ({"lm": {"main": {}, "aux": {"residual": {"seed": 2**70}}}}, {}, "sampling.aux.residual.seed"),
+        ({}, {"speakers": [1, 2**65]}, "kwargs.speakers.1"),
+    ],
+)
+def test_integers_beyond_64_bits_are_a_400_and_register_nothing(setup, sampling, kwargs, param):
+    router, engines, _ = setup
+    with pytest.raises(ApiError) as err:
+        router.submit("r", {}, sampling, kwargs, None)
+    assert err.value.status == 400 and err.value.param == param
+    assert router.streams == {} and all(e.sent == [] for e in engines.values())
+
+
+def test_64_bit_integers_still_pass(setup):
+    router, engines, _ = setup
+    router.submit("r", {}, {"lm": {"main": {"seed": 2**64 - 1}}}, {"x": -(2**63)}, None)
+    assert all(isinstance(e.sent[0], AddRequest) for e in engines.values())

@@ -24,10 +24,15 @@ import click
 @click.option("--engine-threads", default=None, type=click.IntRange(min=1), help="torch intra-op threads per engine process (default: torch's).")
 @click.option("--shm-threshold", default=None, type=int, hidden=True, help="Tensors of at least this many bytes go through shared memory.")
 @click.option("--device", default="cpu", show_default=True, help="Device of the default placement's groups.")
+@click.option("--restart-engines/--no-restart-engines", default=True, show_default=True, help="Restart a dead engine process (back-off 1 s doubling to 30 s).")
+@click.option("--max-engine-restarts", default=5, show_default=True, type=click.IntRange(min=0), help="Restarts per engine before it stays down.")
+@click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0), help="SIGTERM: seconds running requests may still finish before their streams are ended.")
+@click.option("--max-stream-buffer-bytes", default=64 << 20, show_default=True, type=click.IntRange(min=1), help="Output waiting for a client that does not read, per request; beyond it the request is aborted.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model: str, weights: str | None, random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
           max_concurrency: int, max_queue: int, request_timeout: float, max_body_bytes: int, preprocess_workers: int | None,
-          engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str, log_level: str) -> None:
+          engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str,
+          restart_engines: bool, max_engine_restarts: int, shutdown_timeout: float, max_stream_buffer_bytes: int, log_level: str) -> None:
     """Serve MODEL over HTTP with an OpenAI-compatible API."""
     from mstar.server.config import ServerConfig
     from mstar.server.launcher import ServeConfigError, run_server
@@ -36,6 +41,8 @@ def serve(model: str, weights: str | None, random_weights: bool, placement: str 
         model=model, weights=weights, random_weights=random_weights, placement=placement, host=host, port=port,
         api_key=api_key, max_concurrency=max_concurrency, max_queue=max_queue, request_timeout_s=request_timeout,
         max_body_bytes=max_body_bytes, log_level=log_level, device=device, engine_options=_parse_options(engine_options), engine_threads=engine_threads,
+        restart_engines=restart_engines, max_engine_restarts=max_engine_restarts, shutdown_timeout_s=shutdown_timeout,
+        max_stream_buffer_bytes=max_stream_buffer_bytes,
     )
     if preprocess_workers is not None:
         config.preprocess_workers = preprocess_workers

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,11 +24,15 @@ from mstar.api.protocol import (
     SpeechRequest,
 )
 from mstar.server.middleware import ApiKeyAuth, BodyLimit, RequestMetrics
+from mstar.server.openapi import install_openapi
 from mstar.server.routes_chat import chat_completions
 from mstar.server.routes_completions import completions
 from mstar.server.routes_generate import generate
 from mstar.server.routes_speech import speech
 from mstar.server.runtime import ServerRuntime
+from mstar.server.strict_json import StrictJSONRoute
+
+log = logging.getLogger("mstar.server")
 
 ENDPOINTS = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/generate", "/health", "/metrics", "/version",
@@ -45,8 +51,10 @@ def create_app(rt: ServerRuntime, *, manage_runtime: bool = True) -> FastAPI:
                 await rt.stop()
 
     app = FastAPI(title="M* server", version=__version__, lifespan=lifespan)
+    app.router.route_class = StrictJSONRoute
     _routes(app, rt)
-    _error_handlers(app)
+    _error_handlers(app, rt)
+    install_openapi(app, api_key=bool(rt.config.api_key))
     # Outermost last: metrics see every response, auth runs before the body is read.
     app.add_middleware(BodyLimit, max_bytes=rt.config.max_body_bytes)
     app.add_middleware(ApiKeyAuth, api_key=rt.config.api_key)
@@ -82,7 +90,9 @@ def _routes(app: FastAPI, rt: ServerRuntime) -> None:
 
     @app.get("/health")
     async def health() -> Response:
-        return JSONResponse(rt.health(), status_code=200 if rt.healthy else 503)
+        if rt.healthy:
+            return JSONResponse(rt.health())
+        return JSONResponse(rt.health(), status_code=503, headers={"retry-after": str(rt.retry_after_s())})
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -98,10 +108,10 @@ def _routes(app: FastAPI, rt: ServerRuntime) -> None:
         }
 
 
-def _error_handlers(app: FastAPI) -> None:
+def _error_handlers(app: FastAPI, rt: ServerRuntime) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> Response:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=retry_after(rt, exc.status))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> Response:
@@ -115,8 +125,22 @@ def _error_handlers(app: FastAPI) -> None:
             return JSONResponse(error_body(message, "not_found_error", None, "unknown_endpoint"), status_code=404)
         code = {405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(error_body(str(exc.detail), kind, None, code), status_code=exc.status_code)
+        # Keeps Starlette's headers: ``Allow`` on a 405.
+        return JSONResponse(error_body(str(exc.detail), kind, None, code), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> Response:
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        error_id = f"err-{uuid.uuid4().hex[:12]}"
+        log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+        message = f"internal server error; the server log has the details under {error_id}"
+        return JSONResponse(error_body(message, "server_error", None, "internal_error"), status_code=500)
+
+
+def retry_after(rt: ServerRuntime, status: int) -> dict[str, str] | None:
+    """``Retry-After`` for the statuses a client should retry: 429 (queue full) and 503
+    (engine restarting or down, server draining)."""
+    if status == 429:
+        return {"retry-after": "1"}
+    if status == 503:
+        return {"retry-after": str(rt.retry_after_s())}
+    return None

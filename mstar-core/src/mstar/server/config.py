@@ -29,3 +29,7 @@ class ServerConfig:
     engine_threads: int | None = None  # torch intra-op threads per engine process
     engine_options: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
     startup_timeout_s: float = 600.0
+    restart_engines: bool = True  # a dead engine process is restarted (with back-off)
+    max_engine_restarts: int = 5  # per engine, over the server's life; then it stays down
+    shutdown_timeout_s: float = 30.0  # SIGTERM: how long running requests may still finish
+    max_stream_buffer_bytes: int = 64 << 20  # output waiting for a slow reader, per request

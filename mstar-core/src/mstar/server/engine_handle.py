@@ -36,6 +36,16 @@ class EngineHandle:
     def alive(self) -> bool:
         return self.down_reason is None and self.process is not None and self.process.is_alive()
 
+    @property
+    def serving(self) -> bool:
+        """Alive and past its ``Ready``: requests may be sent to it."""
+        return self.ready and self.alive
+
+    def reap(self) -> None:
+        """Collect the exit status of a process that ended (no zombie left behind)."""
+        if self.process is not None:
+            self.process.join(timeout=1.0)
+
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         self.process = ctx.Process(
@@ -58,7 +68,10 @@ class EngineHandle:
         loop.add_reader(sentinel, fire)
 
     def send(self, cmd: Any) -> None:
-        self.sock.send(command_encoder.encode(cmd), zmq.NOBLOCK)
+        self.sock.send_multipart([self.spec.secret, command_encoder.encode(cmd)], zmq.NOBLOCK)
+
+    def unavailable_reason(self) -> str:
+        return self.down_reason or ("is starting" if self.alive else "is not running")
 
     def mark_down(self, reason: str) -> None:
         if self.down_reason is None:

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from mstar.server.engine_stats import StatsReporter, engine_stats
+from mstar.server.ipc_auth import SignedSocket, authenticated
 from mstar.server.messages import (
     AbortRequest,
     AddRequest,
@@ -50,6 +51,7 @@ class EngineProcessSpec(msgspec.Struct):
     engine_options: dict[str, Any] = {}
     stats_interval_s: float = 0.1
     torch_threads: int | None = None  # intra-op threads of this engine (None: torch's default)
+    secret: bytes = b""  # the server's per-run secret in front of every message (ipc_auth)
 
 
 def _add_error_type(exc: Exception) -> str:
@@ -140,10 +142,10 @@ class EngineWorker:
             if poller.poll(200):
                 while True:
                     try:
-                        raw = commands.recv(zmq.NOBLOCK)
+                        frames = commands.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    if not self._handle(command_decoder.decode(raw)):
+                    if not self._handle_message(frames):
                         return 0
             if os.getppid() != self.spec.parent_pid:  # the API process is gone: no orphans
                 log.warning("API process exited; engine %s stops", self.spec.name)
@@ -152,6 +154,23 @@ class EngineWorker:
                 self.sender.put(Fatal(self.spec.name, self.engine.fatal_error))
                 return 1
         return 0
+
+    def _handle_message(self, frames: list[bytes]) -> bool:
+        """One message off the command socket; anything malformed is logged and dropped,
+        never fatal. Returns False on ``Shutdown``."""
+        raw = authenticated(frames, self.spec.secret, f"engine {self.spec.name} command socket")
+        if raw is None:
+            return True
+        try:
+            cmd = command_decoder.decode(raw)
+        except Exception as exc:
+            log.warning("engine %s: dropped an undecodable command (%d bytes): %s", self.spec.name, len(raw), exc)
+            return True
+        try:
+            return self._handle(cmd)
+        except Exception:
+            log.exception("engine %s: command %s failed; dropped", self.spec.name, type(cmd).__name__)
+            return True
 
     def _handle(self, cmd: Any) -> bool:
         engine = self.engine
@@ -187,7 +206,7 @@ class EngineWorker:
         sock = self.ctx.socket(zmq.PUSH)
         sock.connect(self.spec.report_addr)
         try:
-            self.sender.run(sock)
+            self.sender.run(SignedSocket(sock, self.spec.secret))
         finally:
             sock.close(linger=2000)
 

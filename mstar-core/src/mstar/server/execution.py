@@ -22,6 +22,20 @@ if TYPE_CHECKING:
 Item = tuple[str, torch.Tensor]
 
 
+def check_prompt_ids(inputs: dict[str, torch.Tensor], node_samplers: dict[str, Any]) -> None:
+    """A node's declared prompt signal holds token ids: a 1-D integer tensor (never bool,
+    float or NaN); anything else is a 400 naming the input."""
+    for decl in node_samplers.values():
+        name = getattr(decl, "prompt_signal", None)
+        value = inputs.get(name) if name else None
+        if value is None:
+            continue
+        if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            raise ApiError(400, f"inputs.{name}: token ids must be integers, got {str(value.dtype).removeprefix('torch.')}", param=f"inputs.{name}", code="invalid_value")
+        if value.dim() != 1:
+            raise ApiError(400, f"inputs.{name}: token ids must be a 1-D list, got shape {list(value.shape)}", param=f"inputs.{name}", code="invalid_value")
+
+
 class Execution:
     def __init__(self, runtime: ServerRuntime, endpoint: str, prefix: str = "req") -> None:
         self.rt = runtime
@@ -48,8 +62,9 @@ class Execution:
             configs, self.seeds = resolve_sampling(self.rt.node_samplers, self.rt.adapter.sampling_node, sampling)
             await self.rt.admission.acquire()
             self._admitted = True
-            self.engine_request = await self.rt.preprocess.run(self.endpoint, request)
+            self.engine_request = await self.rt.preprocess.run(self.endpoint, request, self.request_id)
             inputs = {k: torch.as_tensor(v) for k, v in self.engine_request.inputs.items()}
+            check_prompt_ids(inputs, self.rt.node_samplers)
             missing = set(self.rt.graph.request_inputs) - set(inputs)
             if missing:
                 raise ApiError(400, f"missing engine input(s) {sorted(missing)}", param="inputs")

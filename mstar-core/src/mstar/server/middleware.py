@@ -12,7 +12,8 @@ from mstar.api.errors import ApiError
 from mstar.server.metrics import ServerMetrics
 
 _json = msgspec.json.Encoder()
-_OPEN_PATHS = ("/health", "/metrics", "/version", "/docs", "/openapi.json")
+# /docs, /redoc and /openapi.json need the key like the API itself.
+_OPEN_PATHS = ("/health", "/metrics", "/version")
 
 
 async def send_error(send: Send, err: ApiError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -39,16 +40,26 @@ class RequestMetrics:
         path = scope["path"]
         endpoint = path if path in self.endpoints else "other"
 
+        started = False
+
         async def counting_send(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.metrics.requests.labels(endpoint, str(message["status"])).inc()
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            if not started:  # the outermost error handler answers it with a 500
+                self.metrics.requests.labels(endpoint, "500").inc()
+            raise
 
 
 class ApiKeyAuth:
-    """``Authorization: Bearer <key>`` on every endpoint but health, metrics and version."""
+    """``Authorization: Bearer <key>`` on every endpoint but health, metrics and version
+    (the API docs and schema included)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app = app

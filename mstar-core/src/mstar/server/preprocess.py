@@ -90,29 +90,35 @@ class PreprocessPool:
         decided = self.hook.mstar_offload_preprocess(model_name=self.model, request=request)
         return self._pool is not None and decided is not False
 
-    async def run(self, endpoint: str, request: Any) -> EngineRequest:
+    async def run(self, endpoint: str, request: Any, request_id: str = "") -> EngineRequest:
+        """The request's engine inputs. The adapter rejecting the request's values
+        (``ValueError``, ``TypeError``, ``KeyError``) is the client's error, a 400; any other
+        failure, and a crashed worker, is the server's: a 500, logged with ``request_id``."""
         try:
             if self.offloads(request):
-                return await self._in_pool(endpoint, request)
+                return await self._in_pool(endpoint, request, request_id)
             return getattr(self.adapter, _METHODS[endpoint])(request)
         except ApiError:
             raise
         except NotImplementedError:
             raise ApiError(404, f"model {self.model!r} does not serve the {endpoint} endpoint", code="endpoint_not_served") from None
-        except Exception as exc:
+        except (ValueError, TypeError, KeyError) as exc:
             raise ApiError(400, f"preprocessing failed: {exc}", code="preprocess_failed") from None
+        except Exception:
+            log.exception("request %s: preprocessing failed (a server fault)", request_id)
+            raise ApiError(500, f"preprocessing failed with an internal error; the server log has the details under request id {request_id}", code="preprocess_error") from None
 
-    async def _in_pool(self, endpoint: str, request: Any) -> EngineRequest:
+    async def _in_pool(self, endpoint: str, request: Any, request_id: str) -> EngineRequest:
         assert self._pool is not None
         pool = self._pool
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, _run_in_worker, endpoint, request)
         except BrokenProcessPool:
-            log.error("a preprocess worker died; starting a new pool")
+            log.error("request %s: a preprocess worker died; starting a new pool", request_id)
             if self._pool is pool:
                 self._pool = self._new_pool()
                 pool.shutdown(wait=False, cancel_futures=True)
-            raise RuntimeError("the preprocess worker crashed on this request") from None
+            raise ApiError(500, "the preprocess worker crashed on this request; retry it", code="preprocess_crashed") from None
 
     def shutdown(self) -> None:
         if self._pool is not None:

@@ -37,6 +37,40 @@ ENGINE_ERRORS: dict[str, tuple[int, str]] = {
 _EXC_PREFIX = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 
+_INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # what msgpack (and torch seeds) can carry
+
+
+def _bad_int(value: Any, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if _INT_RANGE[0] <= value <= _INT_RANGE[1] else path
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        found = _bad_int(item, (*path, str(key)))
+        if found:
+            return found
+    return None
+
+
+def check_wire_values(sampling: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """A 400 naming the field for an integer no engine message can carry (beyond 64 bits)."""
+    found = _bad_int(sampling, ())
+    if found:
+        # {node: {"main": {field}}} is the request's own field; aux fields sit under sampling.aux.
+        param = found[2] if len(found) > 2 and found[1] == "main" else "sampling." + ".".join(found[1:])
+    else:
+        found = _bad_int(kwargs, ())
+        param = "kwargs." + ".".join(found) if found else None
+    if param is not None:
+        raise ApiError(400, f"{param}: integer out of range (at most 64 bits)", param=param, code="invalid_value")
+
+
 @dataclass(frozen=True)
 class Finished:
     reason: str
@@ -95,9 +129,10 @@ class Router:
         kwargs: dict[str, Any],
         signals: list[str] | None,
     ) -> RequestStream:
-        down = [e for e in self.engines.values() if not e.alive]
+        down = [e for e in self.engines.values() if not e.serving]
         if down:
-            raise ApiError(503, f"engine {down[0].name!r} {down[0].down_reason or 'is down'}; the server is unhealthy", code="engine_unavailable")
+            raise ApiError(503, f"engine {down[0].name!r} {down[0].unavailable_reason()}; retry later", code="engine_unavailable")
+        check_wire_values(sampling, kwargs)
         stream = RequestStream(request_id, set(self.engines))
         self.streams[request_id] = stream
         for engine in self.engines.values():

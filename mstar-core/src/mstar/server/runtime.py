@@ -23,11 +23,13 @@ from mstar.server.admission import Admission
 from mstar.server.config import ServerConfig
 from mstar.server.engine_handle import EngineHandle
 from mstar.server.engine_process import EngineProcessSpec
+from mstar.server.ipc_auth import authenticated, new_secret
 from mstar.server.messages import Events, Fatal, Ready, Stats, report_decoder
 from mstar.server.metrics import ServerMetrics
 from mstar.server.placement import Placement, load_placement, validate_placement
 from mstar.server.preprocess import PreprocessPool, load_adapter
 from mstar.server.router import Router
+from mstar.server.supervisor import Supervisor
 from mstar.server.tensor_codec import TensorCodec, cleanup_segments
 
 log = logging.getLogger("mstar.server")
@@ -69,6 +71,7 @@ class ServerRuntime:
         # A per-server prefix: shared-memory segments and sockets of this server only.
         self.token = secrets.token_hex(4)
         self.shm_prefix = f"mstar_{self.token}_"
+        self.ipc_secret = new_secret()
         self.codec = TensorCodec(self.shm_prefix, config.shm_threshold)
         self.ipc_dir = Path(tempfile.mkdtemp(prefix="mstar-"))
         self.zctx = zmq.Context()
@@ -78,7 +81,9 @@ class ServerRuntime:
         self._reports: Any = None
         self._receiver: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None
+        self.supervisor = Supervisor(config.restart_engines, config.max_engine_restarts)
         self.started = False
+        self.draining = False
         self.stop_requested: Callable[[], bool] = lambda: False
 
     # ---- identity -------------------------------------------------------------------------
@@ -91,11 +96,22 @@ class ServerRuntime:
 
     @property
     def healthy(self) -> bool:
-        return self.started and all(e.alive for e in self.engines.values())
+        return self.started and not self.draining and all(e.serving for e in self.engines.values())
+
+    def status(self) -> str:
+        if self.healthy:
+            return "ok"
+        if self.draining:
+            return "draining"
+        return "restarting" if self.supervisor.pending() else "unhealthy"
+
+    def retry_after_s(self) -> int:
+        """A client's sensible wait before retrying a 503 (whole seconds)."""
+        return self.supervisor.retry_after_s() if self.supervisor.pending() else 5
 
     def health(self) -> dict[str, Any]:
         return {
-            "status": "ok" if self.healthy else "unhealthy",
+            "status": self.status(),
             "model": self.model_name,
             "engines": {
                 name: {
@@ -104,6 +120,7 @@ class ServerRuntime:
                     "nodes": list(e.nodes),
                     "device": e.spec.device,
                     **({"error": e.down_reason} if e.down_reason else {}),
+                    **self.supervisor.describe(name),
                 }
                 for name, e in self.engines.items()
             },
@@ -116,34 +133,43 @@ class ServerRuntime:
         self._reports = self.actx.socket(zmq.PULL)
         self._reports.bind(report_addr)
         self._ready = loop.create_future()
-        for i, group in enumerate(self.placement.groups):
-            spec = EngineProcessSpec(
-                name=group.name,
-                model=self.model_name,
-                checkpoint_dir=str(self.checkpoint_dir),
-                nodes=list(group.nodes),
-                device=group.device,
-                command_addr=f"ipc://{self.ipc_dir}/engine-{i}",
-                report_addr=report_addr,
-                shm_prefix=self.shm_prefix,
-                shm_threshold=self.config.shm_threshold,
-                parent_pid=os.getpid(),
-                log_level=self.config.log_level,
-                engine_options=dict(self.config.engine_options),
-                torch_threads=self.config.engine_threads,
-            )
-            self.engines[group.name] = EngineHandle(spec, self.zctx)
+        self._report_addr = report_addr
+        for group in self.placement.groups:
+            self.engines[group.name] = self._new_handle(group.name)
         self._receiver = asyncio.create_task(self._receive_loop())
         self.preprocess.start()
         for engine in self.engines.values():
             engine.start()
             engine.watch(loop, self._engine_exited)
-            self.metrics.engine_up.labels(engine.name).set(1)
         t0 = time.perf_counter()
         await asyncio.gather(self._wait_ready(), self.preprocess.warm_up())
         log.info("engines ready in %.1fs; warming up", time.perf_counter() - t0)
         await self._warm_up()
         self.started = True
+
+    def _new_handle(self, name: str) -> EngineHandle:
+        """A handle on a new process of group ``name`` (each generation binds its own
+        command socket, so nothing sent to a dead one reaches its successor)."""
+        index = [g.name for g in self.placement.groups].index(name)
+        group = self.placement.groups[index]
+        generation = self.supervisor.restarts(name)
+        spec = EngineProcessSpec(
+            name=group.name,
+            model=self.model_name,
+            checkpoint_dir=str(self.checkpoint_dir),
+            nodes=list(group.nodes),
+            device=group.device,
+            command_addr=f"ipc://{self.ipc_dir}/engine-{index}-{generation}",
+            report_addr=self._report_addr,
+            shm_prefix=self.shm_prefix,
+            shm_threshold=self.config.shm_threshold,
+            parent_pid=os.getpid(),
+            log_level=self.config.log_level,
+            engine_options=dict(self.config.engine_options),
+            torch_threads=self.config.engine_threads,
+            secret=self.ipc_secret,
+        )
+        return EngineHandle(spec, self.zctx)
 
     async def _wait_ready(self) -> None:
         """Wait for every engine's ``Ready``; give up on a signal or the start-up timeout."""
@@ -180,6 +206,9 @@ class ServerRuntime:
             ex.close()
 
     def _engine_exited(self, engine: EngineHandle) -> None:
+        if self.engines.get(engine.name) is not engine:
+            return  # a generation already replaced
+        engine.reap()
         reason = engine.down_reason or f"process {engine.exit_description()}"
         engine.mark_down(reason)
         self.metrics.engine_up.labels(engine.name).set(0)
@@ -188,35 +217,55 @@ class ServerRuntime:
         self.router.engine_down(engine.name, reason)
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(StartupError(f"engine {engine.name!r} {reason} during start-up"))
+            return
+        if self.started and not self._closing:
+            self.supervisor.exited(engine.name, reason, self._restart)
+
+    def _restart(self, name: str) -> None:
+        if self._closing:
+            return
+        old = self.engines[name]
+        old.stop(timeout=0)  # already dead: this only closes its socket
+        engine = self._new_handle(name)
+        self.engines[name] = engine
+        engine.start()
+        engine.watch(asyncio.get_running_loop(), self._engine_exited)
 
     _closing = False
 
     async def _receive_loop(self) -> None:
         while True:
-            raw = await self._reports.recv()
+            raw = authenticated(await self._reports.recv_multipart(), self.ipc_secret, "report socket")
+            if raw is None:
+                continue
             try:
                 report = report_decoder.decode(raw)
-            except Exception:
-                log.exception("undecodable engine report")
+            except Exception as exc:
+                log.warning("report socket: dropped an undecodable report (%d bytes): %s", len(raw), exc)
                 continue
-            if isinstance(report, Events):
-                self.router.on_events(report.engine, report.events)
-            elif isinstance(report, Stats):
-                self._engine_stats(report.engine, report.stats)
-            elif isinstance(report, Ready):
-                self._engine_ready(report)
-            elif isinstance(report, Fatal):
-                engine = self.engines.get(report.engine)
-                if engine is not None:
-                    engine.mark_down(f"failed: {report.error}")
-                    log.error("engine %s failed: %s", report.engine, report.error)
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_exception(StartupError(f"engine {report.engine!r} failed to start: {report.error}"))
+            try:
+                if isinstance(report, Events):
+                    self.router.on_events(report.engine, report.events)
+                elif isinstance(report, Stats):
+                    self._engine_stats(report.engine, report.stats)
+                elif isinstance(report, Ready):
+                    self._engine_ready(report)
+                elif isinstance(report, Fatal):
+                    engine = self.engines.get(report.engine)
+                    if engine is not None:
+                        engine.mark_down(f"failed: {report.error}")
+                        log.error("engine %s failed: %s", report.engine, report.error)
+                        if self._ready is not None and not self._ready.done():
+                            self._ready.set_exception(StartupError(f"engine {report.engine!r} failed to start: {report.error}"))
+            except Exception:
+                log.exception("report from engine %s: handling failed; dropped", getattr(report, "engine", "?"))
 
     def _engine_ready(self, report: Ready) -> None:
         engine = self.engines[report.engine]
         engine.ready = True
-        self._engine_stats(report.engine, report.stats)
+        self._engine_stats(report.engine, report.stats)  # metrics now describe this process
+        self.metrics.engine_up.labels(report.engine).set(1)
+        self.supervisor.ready(report.engine)
         log.info("engine %s ready (pid %s)", report.engine, report.pid)
         if all(e.ready for e in self.engines.values()) and self._ready is not None and not self._ready.done():
             self._ready.set_result(None)
@@ -250,6 +299,7 @@ class ServerRuntime:
         if self._closed:
             return
         self._closed = self._closing = True
+        self.supervisor.cancel()
         t0 = time.perf_counter()
         for engine in self.engines.values():
             engine.stop()
