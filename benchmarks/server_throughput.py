@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 import torch
+from mstar.bench import BenchRequest, RunOptions, summarize
+from mstar.bench import run as bench_run
 
 
 def prompts(n: int) -> list[str]:
@@ -45,33 +47,15 @@ async def engine_run(engine, texts: list[str], concurrency: int, max_tokens: int
     return sum(await asyncio.gather(*(one(t) for t in texts)))
 
 
-async def server_run(url: str, texts: list[str], concurrency: int, max_tokens: int, stream: bool) -> int:
-    sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
-
-        async def one(text: str) -> int:
-            body = {
-                "model": "toy", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                "temperature": 0, "ignore_eos": True, "seed": 0, "stream": stream,
-                **({"stream_options": {"include_usage": True}} if stream else {}),
-            }
-            async with sem:
-                if not stream:
-                    r = await client.post("/v1/chat/completions", json=body)
-                    r.raise_for_status()
-                    return r.json()["usage"]["completion_tokens"]
-                # Read raw bytes and parse only the usage chunk at the end: the client
-                # should not be what limits the measurement on a small machine.
-                tail = b""
-                async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-                    r.raise_for_status()
-                    async for part in r.aiter_raw():
-                        tail = (tail + part)[-4096:]
-                usage = json.loads(tail.split(b"data: ")[-2])["usage"]
-                return usage["completion_tokens"]
-
-        return sum(await asyncio.gather(*(one(t) for t in texts)))
+def server_run(url: str, texts: list[str], concurrency: int, max_tokens: int, stream: bool) -> tuple[int, float, dict]:
+    """The same requests through ``mstar bench``'s client: (tokens, seconds, its summary)."""
+    body = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "seed": 0}
+    requests = [BenchRequest("chat", {"messages": [{"role": "user", "content": t}], **body}) for t in texts]
+    result = bench_run(requests, RunOptions(url, model="toy", max_concurrency=concurrency, stream=stream))
+    summary = summarize(result)
+    if summary["failed"]:
+        raise SystemExit(f"{summary['failed']} request(s) failed: {next(r.error for r in result.records if not r.ok)}")
+    return summary["total_output_tokens"], result.duration, summary
 
 
 def timed(coro_factory) -> tuple[int, float]:
@@ -130,15 +114,15 @@ def main() -> None:
     proc = start_server(ckpt, port, ["--engine-threads", str(args.threads), *args.server_arg])
     url = f"http://127.0.0.1:{port}"
     local: dict[int, list[tuple[int, float]]] = {c: [] for c in args.concurrency}
-    remote: dict[int, list[tuple[int, float]]] = {c: [] for c in args.concurrency}
+    remote: dict[int, list[tuple[int, float, dict]]] = {c: [] for c in args.concurrency}
     try:
         timed(lambda: engine_run(engine, prompts(8), 8, 8, enc))  # warm-up
-        timed(lambda: server_run(url, prompts(8), 8, 8, args.stream))
+        server_run(url, prompts(8), 8, 8, args.stream)
         # Interleaved rounds, best of each: other load on the machine hits both sides alike.
         for _ in range(args.rounds):
             for c in args.concurrency:
                 local[c].append(timed(lambda c=c: engine_run(engine, levels[c], c, args.max_tokens, enc)))
-                remote[c].append(timed(lambda c=c: server_run(url, levels[c], c, args.max_tokens, args.stream)))
+                remote[c].append(server_run(url, levels[c], c, args.max_tokens, args.stream))
     finally:
         engine.close()
         proc.send_signal(signal.SIGTERM)
@@ -147,13 +131,15 @@ def main() -> None:
     mode = "streamed" if args.stream else "whole"
     print(f"\ntoy model, {args.max_tokens} tokens/request, {mode} chat completions, {os.cpu_count()} CPUs, "
           f"{args.threads} torch thread(s), best of {args.rounds} interleaved rounds")
-    print(f"{'concurrency':>11} {'requests':>8} {'engine tok/s':>13} {'server tok/s':>13} {'ratio':>6}")
+    print(f"{'concurrency':>11} {'requests':>8} {'engine tok/s':>13} {'server tok/s':>13} {'ratio':>6} {'p50 TTFT ms':>11} {'p99 ITL ms':>10}")
     for c in args.concurrency:
         lt, rt = local[c][0][0], remote[c][0][0]
-        assert all(n == lt for n, _ in local[c] + remote[c]), f"token counts differ at concurrency {c}"
+        assert all(n == lt for n, _ in local[c]) and all(n == lt for n, _, _ in remote[c]), f"token counts differ at concurrency {c}"
         best_local = lt / min(t for _, t in local[c])
-        best_remote = rt / min(t for _, t in remote[c])
-        print(f"{c:>11} {len(levels[c]):>8} {best_local:>13.0f} {best_remote:>13.0f} {best_remote / best_local:>6.2f}")
+        _, best_time, best = min(remote[c], key=lambda r: r[1])
+        best_remote = rt / best_time
+        ttft, itl = best.get("p50_ttft_ms", float("nan")), best.get("p99_itl_ms", float("nan"))
+        print(f"{c:>11} {len(levels[c]):>8} {best_local:>13.0f} {best_remote:>13.0f} {best_remote / best_local:>6.2f} {ttft:>11.1f} {itl:>10.1f}")
 
 if __name__ == "__main__":
     main()
