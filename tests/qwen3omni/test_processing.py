@@ -153,6 +153,17 @@ def test_video_frames_over_the_pixel_limit_and_empty_audio_are_refused(preproces
         _run(preprocessor, empty)
 
 
+def test_native_parts_and_url_strings_equal_the_openai_parts(preprocessor):
+    url = _data_url("a.png")
+    b64 = url.split(",", 1)[1]
+    text = {"type": "text", "text": "Hi"}
+    openai = _run(preprocessor, _image_message(url))
+    for part in ({"type": "image", "image": b64}, {"type": "image", "image": url}, {"type": "image_url", "image_url": url}):
+        got = _run(preprocessor, [{"role": "user", "content": [text, part]}])
+        assert got.input_ids == openai.input_ids
+        assert torch.equal(got.tensors["pixel_values"], openai.tensors["pixel_values"])
+
+
 def test_unknown_part_type_is_named(preprocessor):
     messages = [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "file", "file": {}}]}]
     with pytest.raises(ValueError, match=r"^messages\[0\]\.content\[1\] \(file\): unsupported content part type"):

@@ -13,7 +13,8 @@ audio interleaved with video). Only the video pixels go through our ``VideoFrame
 
 ``messages`` are OpenAI chat messages; content is a string or a list of parts: ``text``,
 ``image_url`` ({"url"}), ``input_audio`` ({"data", "format"}), ``audio_url`` ({"url"}),
-``video_url`` ({"url"}). URLs are ``data:`` URLs, base64, or ``http(s)`` on allowed hosts.
+``video_url`` ({"url"}), or the native ``image`` / ``audio`` / ``video`` with a URL or base64
+string. URLs are ``data:`` URLs, base64, or ``http(s)`` on allowed hosts.
 Every problem with a part is a ``ValueError`` naming it, e.g.
 ``messages[0].content[1] (image_url): not a decodable image``.
 """
@@ -30,7 +31,11 @@ import torch
 from .media import MediaLimits, decode_audio, decode_image, decode_video, fetch_bytes
 from .media_video import VideoFrameProcessor
 
-MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video"}
+# OpenAI / vLLM content parts, and the native ones ({"type": "image", "image": url-or-base64}).
+MEDIA_PARTS = {
+    "image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video",
+    "image": "image", "audio": "audio", "video": "video",
+}
 
 
 @dataclass
@@ -127,25 +132,23 @@ class Preprocessor:
                 continue
             parts = []
             for p, part in enumerate(content):
-                kind = part.get("type")
+                kind = part.get("type") if isinstance(part, dict) else None
                 name = f"messages[{m}].content[{p}] ({kind})"
                 if kind == "text":
                     parts.append({"type": "text", "text": part.get("text", "")})
                     continue
                 if kind not in MEDIA_PARTS:
                     raise ValueError(f"{name}: unsupported content part type")
-                payload = part.get(kind)
-                if not isinstance(payload, dict):
-                    raise ValueError(f"{name}: missing the {kind!r} object")
-                if kind == "image_url":
-                    images.append(decode_image(self._bytes(payload, "url", name), self.limits, name))
-                elif kind in ("input_audio", "audio_url"):
-                    key, fmt = ("data", payload.get("format")) if kind == "input_audio" else ("url", None)
-                    audio.append(decode_audio(self._bytes(payload, key, name), self.limits, name, self.audio_rate, fmt))
+                modality = MEDIA_PARTS[kind]
+                data, fmt = self._source(part, kind, name)
+                if modality == "image":
+                    images.append(decode_image(data, self.limits, name))
+                elif modality == "audio":
+                    audio.append(decode_audio(data, self.limits, name, self.audio_rate, fmt))
                     audio_from_video.append(None)
                 else:
                     video = decode_video(
-                        self._bytes(payload, "url", name),
+                        data,
                         self.limits,
                         name,
                         fps=self.video_fps,
@@ -156,7 +159,7 @@ class Preprocessor:
                     if video.audio is not None and video.audio.size:
                         audio.append(video.audio)
                         audio_from_video.append(len(videos) - 1)
-                parts.append({"type": MEDIA_PARTS[kind]})
+                parts.append({"type": modality})
             templated.append({**message, "content": parts})
         return self.process_decoded(templated, images, videos, audio, audio_from_video, add_generation_prompt)
 
@@ -188,11 +191,20 @@ class Preprocessor:
         tensors = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
         return ProcessedPrompt(out["input_ids"][0].tolist(), tensors)
 
-    def _bytes(self, payload: dict[str, Any], key: str, name: str) -> bytes:
-        source = payload.get(key)
+    def _source(self, part: dict[str, Any], kind: str, name: str) -> tuple[bytes, str | None]:
+        """The part's encoded bytes and declared format: ``input_audio`` carries ``{data, format}``,
+        the ``*_url`` parts ``{url}`` (or the URL string), the native parts a URL or base64 string."""
+        payload = part.get(kind)
+        fmt = None
+        if kind == "input_audio":
+            if not isinstance(payload, dict):
+                raise ValueError(f"{name}: missing the 'input_audio' object")
+            source, fmt = payload.get("data"), payload.get("format")
+        else:
+            source = payload.get("url") if isinstance(payload, dict) else payload
         if not isinstance(source, str) or not source:
-            raise ValueError(f"{name}: missing {key!r}")
-        return fetch_bytes(source, self.limits, name)
+            raise ValueError(f"{name}: missing the media data or URL")
+        return fetch_bytes(source, self.limits, name), fmt
 
 
 def write_preprocessor_config(
