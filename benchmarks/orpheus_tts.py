@@ -31,6 +31,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
+from mstar.bench import BenchRequest, RunOptions
+from mstar.bench import run as bench_run
 
 SAMPLE_RATE = 24000
 WINDOW_SAMPLES = 2048
@@ -119,38 +121,23 @@ class Server:
             time.sleep(0.5)
         raise RuntimeError(f"mstar serve did not become healthy; see {self.log.name}")
 
-    def speak(self, text: str, voice: str, tokens: int, seed: int) -> RequestStats:
-        body = {"model": "orpheus", "input": text, "voice": voice, "max_tokens": tokens, "seed": seed,
-                "response_format": "pcm", "stream_format": "audio"}
-        start = time.perf_counter()
-        first, size = None, 0
-        with httpx.stream("POST", f"{self.url}/v1/audio/speech", json=body, timeout=600) as r:
-            r.raise_for_status()
-            for chunk in r.iter_bytes():
-                if chunk and first is None:
-                    first = time.perf_counter() - start
-                size += len(chunk)
-        total = time.perf_counter() - start
-        return RequestStats(first if first is not None else total, total, size / 2 / SAMPLE_RATE)
-
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(60)
 
 
 def run_mstar(server: Server, concurrency: int, tokens: int) -> RunStats:
-    results: list[RequestStats | None] = [None] * concurrency
-
-    def one(i: int) -> None:
-        results[i] = server.speak(TEXTS[i % len(TEXTS)], VOICES[i % len(VOICES)], tokens, seed=100 + i)
-
-    start = time.perf_counter()
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return RunStats([r for r in results if r is not None], time.perf_counter() - start)
+    """``concurrency`` requests at once through ``mstar bench``'s client (raw PCM streams)."""
+    requests = [
+        BenchRequest("speech", {"input": TEXTS[i % len(TEXTS)], "voice": VOICES[i % len(VOICES)], "max_tokens": tokens, "seed": 100 + i})
+        for i in range(concurrency)
+    ]
+    result = bench_run(requests, RunOptions(server.url, model="orpheus", speech_format="audio"))
+    failed = [r.error for r in result.records if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} request(s) failed: {failed[0]}")
+    stats = [RequestStats(r.first_output if r.first_output is not None else r.latency, r.latency, r.audio_seconds) for r in result.records]
+    return RunStats(stats, result.duration)
 
 
 # ---- the reference pipeline ----------------------------------------------------------------
