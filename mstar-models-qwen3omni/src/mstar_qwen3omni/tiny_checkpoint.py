@@ -60,9 +60,13 @@ def write_checkpoint(
     audio: dict[str, Any] | None = None,
     vision: dict[str, Any] | None = None,
     seed: int = 0,
+    max_image_tokens: int = 16,
+    dtype: Any = None,
 ) -> Path:
     """Write the checkpoint into ``path`` (created); ``text``/``audio``/``vision`` override
-    entries of the tiny configs. Returns ``path``."""
+    entries of the tiny configs; the image processor resizes images to at most
+    ``max_image_tokens`` LLM tokens; ``dtype`` (a torch dtype) casts the weights, float32
+    by default. Returns ``path``."""
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
@@ -84,13 +88,15 @@ def write_checkpoint(
     )
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    if dtype is not None:
+        model = model.to(dtype)
     model.save_pretrained(path)
     write_tokenizer(path)
     factor = vision_cfg["patch_size"] * vision_cfg["spatial_merge_size"]
     write_preprocessor_config(
         path, patch_size=vision_cfg["patch_size"], temporal_patch_size=vision_cfg["temporal_patch_size"],
         merge_size=vision_cfg["spatial_merge_size"], num_mel_bins=audio_cfg["num_mel_bins"],
-        min_pixels=factor**2, max_pixels=(4 * factor) ** 2,  # 1 to 16 LLM tokens per image
+        min_pixels=factor**2, max_pixels=max_image_tokens * factor**2,
     )
     (path / "generation_config.json").write_text(
         json.dumps({"eos_token_id": EOS_TOKEN_IDS, "pad_token_id": 151643}, indent=2)
