@@ -17,6 +17,9 @@ audios of one request): transformers pads every chunk of a call to that call's l
 because each convolution's bias reaches into the padding, a short audio's last frames depend on
 that width. Audios with the same id get the same width as in transformers; by default each audio
 is its own group, so an audio's output never depends on what else is in the batch.
+
+Token counts follow the convolutions' arithmetic; transformers' processor hard-codes 13 tokens
+per full chunk, which is the same number for the released ``n_window = 50``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Video frames -> ``pixel_values_videos`` + ``video_grid_thw`` in plain torch, with the same
 results as transformers' ``Qwen2VLVideoProcessor`` (which needs torchvision; the registry's
 torchvision wheels do not load beside the CPU torch pinned here). Tested against that
-processor's output through committed fixtures (``tools/make_video_fixtures.py``).
+processor's output through committed fixtures (``tools/make_processor_fixtures.py``).
 
 ``VideoFrameProcessor`` is a ``transformers`` ``VideoProcessorMixin``, so it plugs into
 ``Qwen3OmniMoeProcessor`` in place of the torchvision one; the processor still does the prompt
