@@ -27,7 +27,7 @@ def server(start_server, tmp_path_factory):
     path = tmp_path_factory.mktemp("placement") / "placement.yaml"
     path.write_text(PLACEMENT)
     # --shm-threshold 0: every tensor, forwarded stream items included, uses shared memory.
-    srv = start_server(["--config", str(path), "--shm-threshold", "0", "--preprocess-workers", "1"])
+    srv = start_server(["--config", str(path), "--shm-threshold", "0", "--preprocess-workers", "1", "--shutdown-timeout", "5"])
     yield srv
     if srv.proc.poll() is None:
         assert srv.stop() == 0, srv.log_tail()

@@ -23,7 +23,7 @@ from mstar.api.protocol import (
     ModelList,
     SpeechRequest,
 )
-from mstar.server.middleware import ApiKeyAuth, BodyLimit, RequestMetrics
+from mstar.server.middleware import ApiKeyAuth, BodyLimit, Draining, RequestMetrics
 from mstar.server.openapi import install_openapi
 from mstar.server.routes_chat import chat_completions
 from mstar.server.routes_completions import completions
@@ -58,6 +58,7 @@ def create_app(rt: ServerRuntime, *, manage_runtime: bool = True) -> FastAPI:
     # Outermost last: metrics see every response, auth runs before the body is read.
     app.add_middleware(BodyLimit, max_bytes=rt.config.max_body_bytes)
     app.add_middleware(ApiKeyAuth, api_key=rt.config.api_key)
+    app.add_middleware(Draining, is_draining=lambda: rt.draining, retry_after=rt.retry_after_s)
     app.add_middleware(RequestMetrics, metrics=rt.metrics, endpoints=ENDPOINTS)
     return app
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from mstar.server.config import ServerConfig
 
@@ -55,11 +57,46 @@ def _exit_cleanly_on_signals() -> None:
         signal.signal(sig, handler)
 
 
+def _draining_server_class() -> type:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """The first SIGTERM drains (``ServerRuntime.drain``) before uvicorn shuts down; a
+        second signal, or SIGINT, shuts down at once."""
+
+        def __init__(self, config: Any, runtime: Any) -> None:
+            super().__init__(config)
+            self.runtime = runtime
+            self._drain_requested = False
+            self._drain: asyncio.Task | None = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if sig == signal.SIGTERM and not self._drain_requested and self.runtime.started and not self.should_exit:
+                self._drain_requested = True  # picked up by on_tick on the event loop
+                return
+            super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            if self._drain_requested and self._drain is None:
+                self._drain = asyncio.ensure_future(self._drain_then_exit())
+            return await super().on_tick(counter)
+
+        async def _drain_then_exit(self) -> None:
+            try:
+                await self.runtime.drain(self.runtime.config.shutdown_timeout_s)
+            finally:
+                self.should_exit = True
+
+    return DrainingServer
+
+
 def run_server(config: ServerConfig) -> int:
     import uvicorn
 
     from mstar.server.app import create_app
     from mstar.server.runtime import ServerRuntime
+
+    DrainingServer = _draining_server_class()  # noqa: N806 (a class, built lazily with uvicorn)
 
     _exit_cleanly_on_signals()
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
@@ -68,8 +105,9 @@ def run_server(config: ServerConfig) -> int:
     except (OSError, ValueError) as exc:  # a bad checkpoint, placement or option: one line
         raise ServeConfigError(f"cannot serve {config.model!r}: {exc}") from exc
     app = create_app(runtime)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5, access_log=False)
+    server = DrainingServer(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5, access_log=False),
+        runtime,
     )
     runtime.stop_requested = lambda: server.should_exit
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 import msgspec
 from fastapi import HTTPException
@@ -55,6 +56,22 @@ class RequestMetrics:
             if not started:  # the outermost error handler answers it with a 500
                 self.metrics.requests.labels(endpoint, "500").inc()
             raise
+
+
+class Draining:
+    """While the server drains (SIGTERM): a new request gets a quick 503 with Retry-After
+    and ``Connection: close`` instead of a refused socket; health and metrics still answer."""
+
+    def __init__(self, app: ASGIApp, is_draining: Callable[[], bool], retry_after: Callable[[], int]) -> None:
+        self.app = app
+        self.is_draining = is_draining
+        self.retry_after = retry_after
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.is_draining() or scope["path"] in _OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        err = ApiError(503, "the server is shutting down; retry on another instance or later", code="server_shutting_down")
+        await send_error(send, err, [(b"retry-after", str(self.retry_after()).encode()), (b"connection", b"close")])
 
 
 class ApiKeyAuth:

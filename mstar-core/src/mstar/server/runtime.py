@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -28,7 +29,7 @@ from mstar.server.messages import Events, Fatal, Ready, Stats, report_decoder
 from mstar.server.metrics import ServerMetrics
 from mstar.server.placement import Placement, load_placement, validate_placement
 from mstar.server.preprocess import PreprocessPool, load_adapter
-from mstar.server.router import Router
+from mstar.server.router import Finished, Router
 from mstar.server.supervisor import Supervisor
 from mstar.server.tensor_codec import TensorCodec, cleanup_segments
 
@@ -84,6 +85,7 @@ class ServerRuntime:
         self.supervisor = Supervisor(config.restart_engines, config.max_engine_restarts)
         self.started = False
         self.draining = False
+        self._drain_deadline = 0.0
         self.stop_requested: Callable[[], bool] = lambda: False
 
     # ---- identity -------------------------------------------------------------------------
@@ -107,6 +109,8 @@ class ServerRuntime:
 
     def retry_after_s(self) -> int:
         """A client's sensible wait before retrying a 503 (whole seconds)."""
+        if self.draining:
+            return max(1, math.ceil(self._drain_deadline - time.monotonic()) + 1)
         return self.supervisor.retry_after_s() if self.supervisor.pending() else 5
 
     def health(self) -> dict[str, Any]:
@@ -281,6 +285,24 @@ class ServerRuntime:
         self.metrics.api_waiting(waiting)
 
     # ---- shutdown --------------------------------------------------------------------------
+    async def drain(self, timeout_s: float) -> None:
+        """Graceful drain: refuse new requests (503), let the running ones finish for up to
+        ``timeout_s``, then end each one left with an error (its stream gets the error event
+        and its terminator) and give the streams a moment to flush."""
+        self.draining = True
+        self._drain_deadline = time.monotonic() + timeout_s
+        log.info("draining: %d running request(s) may finish within %gs", self.admission.running, timeout_s)
+        while self.admission.running and time.monotonic() < self._drain_deadline:
+            await asyncio.sleep(0.05)
+        left = list(self.router.streams)
+        if left:
+            log.warning("drain timeout: ending %d running request(s)", len(left))
+            for rid in left:
+                self.router.fail(rid, Finished("error", "the server is shutting down", 503, "server_shutting_down"))
+            flush_deadline = time.monotonic() + 5.0
+            while self.admission.running and time.monotonic() < flush_deadline:
+                await asyncio.sleep(0.05)
+
     async def stop(self) -> None:
         self._closing = True
         for rid in list(self.router.streams):
