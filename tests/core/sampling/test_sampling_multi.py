@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from mstar.model.spec import NodeSamplers
 from mstar.sampling import (
     MAIN_LABEL,
     MAX_SEED,
@@ -13,6 +14,7 @@ from mstar.sampling import (
     UnknownSamplerLabelError,
     derive_seed,
 )
+from mstar.sampling.resolve import resolve_node
 
 MAIN_DEFAULTS = SamplingParams(temperature=0.7, top_k=50, max_tokens=256)
 AUX_DEFAULTS = {
@@ -24,6 +26,14 @@ VOCABS = {MAIN_LABEL: 40, "talker": 24, "code": 11}
 
 def make_sampler(max_slots: int = 4) -> MultiSampler:
     return MultiSampler({MAIN_LABEL: MAIN_DEFAULTS, **AUX_DEFAULTS}, VOCABS, max_slots)
+
+
+DECL = NodeSamplers(vocab_size=VOCABS[MAIN_LABEL], main=MAIN_DEFAULTS, aux=AUX_DEFAULTS)
+
+
+def resolved(given) -> MultiSamplingConfig:
+    """A request's config as the engine hands it to the sampler (mstar.sampling.resolve)."""
+    return resolve_node(DECL, given)[0]
 
 
 def test_with_defaults_request_values_override_plugin_defaults():
@@ -142,7 +152,7 @@ def test_reported_seed_reproduces_all_draws():
         return toks, seed
 
     base = MultiSamplingConfig.with_defaults(
-        MAIN_DEFAULTS.override({"top_k": -1}), {"talker": SamplingParams(temperature=1.5)}
+        MAIN_DEFAULTS.override({"top_k": -1}), {**AUX_DEFAULTS, "talker": SamplingParams(temperature=1.5)}
     )
     a, seed_a = run(base)
     b, seed_b = run(base)
@@ -153,9 +163,11 @@ def test_reported_seed_reproduces_all_draws():
 
 def test_add_request_requires_resolved_seed_and_rolls_back_on_error():
     ms = make_sampler()
-    with pytest.raises(ValueError, match="resolve_seeds"):
-        ms.add_request(0, MultiSamplingConfig())
-    cfg, _ = MultiSamplingConfig().resolve_seeds()
+    with pytest.raises(ValueError, match="not resolved"):
+        ms.add_request(0, MultiSamplingConfig.with_defaults(MAIN_DEFAULTS, AUX_DEFAULTS))  # no seeds
+    with pytest.raises(ValueError, match="not resolved"):
+        ms.add_request(0, MultiSamplingConfig().resolve_seeds()[0])  # aux labels missing
+    cfg = resolved(None)
     # Aux prompt ids outside the aux vocab: nothing may stay registered.
     with pytest.raises(ValueError, match="token ids"):
         ms.add_request(0, cfg, prompt_ids={"talker": [100]})
@@ -169,7 +181,7 @@ def test_add_request_requires_resolved_seed_and_rolls_back_on_error():
 def test_unmentioned_fields_fall_back_to_plugin_defaults():
     ms = make_sampler()
     raw = MultiSamplingConfig(main=SamplingParams(seed=3), aux={"code": SamplingParams(top_k=2)})
-    ms.add_request(1, raw)
+    ms.add_request(1, resolved(raw.model_dump(exclude_unset=True)))
     main = ms.samplers[MAIN_LABEL]
     assert main._temperature[1].item() == pytest.approx(0.7)  # plugin default
     assert main._top_k[1].item() == 50
@@ -180,7 +192,7 @@ def test_unmentioned_fields_fall_back_to_plugin_defaults():
 def test_batch_sampler_binding_and_advance():
     ms = make_sampler()
     for slot in (0, 3):
-        ms.add_request(slot, MultiSamplingConfig(main=SamplingParams(seed=slot)))
+        ms.add_request(slot, resolved({"main": {"seed": slot}}))
     bs = ms.bind(torch.tensor([3, 0]), advance=torch.tensor([True, False]))
     assert bs.labels == {MAIN_LABEL, "talker", "code"}
     assert bs.sample(torch.randn(2, 40)).tokens.shape == (2,)
@@ -195,7 +207,7 @@ def test_batch_sampler_binding_and_advance():
 def test_batch_sampler_records_last_main_tokens():
     ms = make_sampler()
     for slot in (0, 1, 3):
-        ms.add_request(slot, MultiSamplingConfig(main=SamplingParams(seed=slot + 10)))
+        ms.add_request(slot, resolved({"main": {"seed": slot + 10}}))
     bs = ms.bind(torch.tensor([3, 0, 1]))
     assert bs.last_main_tokens is None
     # Aux draws are not main tokens.

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from mstar.api.errors import ApiError, loc_to_param
 from mstar.api.protocol import _SamplingFields
-from mstar.sampling import MultiSamplingConfig, UnknownSamplerLabelError
+from mstar.sampling import UnknownSamplerLabelError
+from mstar.sampling.resolve import per_node_sampling, resolve_node
 
 # Request fields copied onto SamplingParams fields of the same name.
 _DIRECT = (
@@ -64,7 +65,10 @@ def resolve_sampling(
             per_node[target] = {"main": sampling.main, "aux": sampling.aux}
         names = sampling.param_names
     elif sampling:
-        per_node = _native_sampling(node_samplers, sampling)
+        try:
+            per_node = per_node_sampling(node_samplers, sampling)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="sampling") from None
     configs: dict[str, dict[str, Any]] = {}
     seeds: dict[str, int] = {}
     for name, decl in node_samplers.items():
@@ -72,34 +76,14 @@ def resolve_sampling(
         if not isinstance(sampling, RequestSampling) and len(node_samplers) > 1:
             prefix = f"sampling.{name}."
         try:
-            cfg = MultiSamplingConfig.with_defaults(decl.main, decl.aux, per_node.get(name))
+            cfg, seed = resolve_node(decl, per_node.get(name))
         except UnknownSamplerLabelError as exc:
             raise ApiError(400, str(exc), param=f"{prefix or 'sampling.'}aux", code="unknown_sampler_label") from None
         except ValidationError as exc:
             raise _sampling_error(exc, names, prefix) from None
-        cfg, seed = cfg.resolve_seeds()
         configs[name] = cfg.model_dump(mode="json")
         seeds[name] = seed
     return configs, seeds
-
-
-def _native_sampling(node_samplers: Mapping[str, Any], sampling: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    sampling = dict(sampling)
-    if len(node_samplers) == 1 and not set(sampling) & set(node_samplers):
-        sampling = {next(iter(node_samplers)): sampling}
-    unknown = set(sampling) - set(node_samplers)
-    if unknown:
-        raise ApiError(
-            400,
-            f"sampling given for node(s) {sorted(unknown)} that do not sample; sampling nodes: {sorted(node_samplers)}",
-            param="sampling",
-        )
-    out = {}
-    for node, given in sampling.items():
-        if not isinstance(given, Mapping):
-            raise ApiError(400, f"sampling for node {node!r} must be an object", param=f"sampling.{node}")
-        out[node] = dict(given) if ("main" in given or "aux" in given) else {"main": dict(given)}
-    return out
 
 
 def _sampling_error(exc: ValidationError, names: Mapping[str, str], prefix: str) -> ApiError:

@@ -122,28 +122,12 @@ class Engine:
     # ---- requests -------------------------------------------------------------------
     def make_sampling(self, sampling: Mapping[str, Any] | None) -> dict[str, Any]:
         """Per sampling node: the plugin defaults overridden by the request's values, labels
-        validated, seeds resolved. ``sampling`` maps node -> {"main": {...}, "aux": {label:
-        {...}}} or a plain params dict for the main sampler; a single-sampler model also
-        accepts that directly."""
-        from mstar.sampling import MultiSamplingConfig
+        validated, seeds resolved (``mstar.sampling.resolve``). ``sampling`` maps node ->
+        {"main": {...}, "aux": {label: {...}}} or a plain params dict for the main sampler; a
+        single-sampler model also accepts that directly."""
+        from mstar.sampling.resolve import resolve_sampling
 
-        decls = self.built.node_samplers
-        sampling = dict(sampling or {})
-        if len(decls) == 1 and sampling and not set(sampling) & set(decls):
-            sampling = {next(iter(decls)): sampling}
-        unknown = set(sampling) - set(decls)
-        if unknown:
-            raise ValueError(f"sampling given for node(s) {sorted(unknown)} that do not sample; sampling nodes: {sorted(decls)}")
-        out: dict[str, Any] = {}
-        for node, decl in decls.items():
-            given = sampling.get(node)
-            if given is not None and not isinstance(given, MultiSamplingConfig):
-                given = dict(given)
-                if "main" not in given and "aux" not in given:
-                    given = {"main": given}
-            cfg = MultiSamplingConfig.with_defaults(decl.main, decl.aux, given)
-            out[node], _ = cfg.resolve_seeds()
-        return out
+        return resolve_sampling(self.built.node_samplers, sampling)[0]
 
     def add_request(
         self,

@@ -17,7 +17,6 @@ from mstar.sampling.multi import (
     reject_default_seeds,
 )
 from mstar.sampling.params import SamplingParams
-from mstar.sampling.seeds import derive_seed
 from mstar.sampling.tensors import SampleOutput
 
 PerLabelIds = TokenIds | Mapping[str, TokenIds]
@@ -63,28 +62,25 @@ class MultiSampler:
         prompt_ids: PerLabelIds = (),
         eos_ids: PerLabelIds = (),
     ) -> None:
-        """Register ``config`` (seeds resolved) in ``slot`` for every declared label.
-
-        Labels the config leaves out use the plugin defaults; fields a config entry
-        did not set explicitly fall back to them too. Aux labels without their own
-        seed get one derived from the main seed. ``prompt_ids``/``eos_ids`` apply to
-        main, or are given per label as a mapping (aux vocabularies differ).
+        """Register ``config`` in ``slot`` for every declared label, as it is: a config
+        resolved by ``mstar.sampling.resolve`` (defaults merged, every label present, every
+        seed set); this class merges nothing. ``prompt_ids``/``eos_ids`` apply to main, or
+        are given per label as a mapping (aux vocabularies differ).
         """
         config.validate_labels(self.aux_labels)
-        seed = config.main.seed
-        if seed is None:
-            raise ValueError("config.main.seed is unset; call resolve_seeds() first")
+        missing = sorted(self.aux_labels - set(config.aux))
+        if missing or config.main.seed is None or any(p.seed is None for p in config.aux.values()):
+            raise ValueError(
+                f"sampling config is not resolved (aux labels missing: {missing}, or seeds unset); "
+                "build it with mstar.sampling.resolve.resolve_node"
+            )
         added: list[str] = []
         try:
             for label, sampler in self.samplers.items():
-                own = config.main if label == MAIN_LABEL else config.aux.get(label)
-                params = self.defaults[label].override(own)
-                label_seed = seed if label == MAIN_LABEL else params.seed
-                if label_seed is None:
-                    label_seed = derive_seed(seed, label)
+                params = config.main if label == MAIN_LABEL else config.aux[label]
                 stop_ids = params.min_tokens_stop_ids(_for_label(eos_ids, label))
                 sampler.add_request(
-                    slot, params, label_seed, _for_label(prompt_ids, label), stop_ids
+                    slot, params, params.seed, _for_label(prompt_ids, label), stop_ids
                 )
                 added.append(label)
         except Exception:
