@@ -2,7 +2,10 @@
 mstar vs the qwen-tts 0.1.1 reference generate, on the same mid-size random checkpoint.
 
     .venv/bin/python benchmarks/qwen3tts_tts.py [--frames 40] [--concurrency 1 8] \
-        [--ref-python /tmp/qwen-tts-ref/bin/python]
+        [--ref-python /tmp/qwen-tts-ref/bin/python] [--server]
+
+``--server`` also serves the checkpoint with ``mstar serve`` and measures the same requests
+over HTTP with ``mstar bench``'s client (streamed raw PCM; TTFA from the first chunk).
 
 The reference runs in its own venv (qwen-tts pins transformers 4.57.3; make it with
 ``mstar-models-qwen3tts/tools/make_fixtures.sh``, which leaves it at /tmp/qwen-tts-ref).
@@ -24,6 +27,8 @@ import time
 from pathlib import Path
 
 from mstar import Engine
+from mstar.bench import BenchRequest, LocalServer, RunOptions
+from mstar.bench import run as bench_run
 from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
 from mstar_qwen3tts.prompt import assistant_text, build_prompt
 from mstar_qwen3tts.text_tokenizer import encode, load_tokenizer
@@ -70,6 +75,22 @@ def run_mstar(engine: Engine, ckpt: Path, frames: int, concurrency: int) -> dict
     }
 
 
+def run_server(url: str, frames: int, concurrency: int) -> dict:
+    """The same requests through ``mstar serve`` and ``mstar bench``'s client (raw PCM)."""
+    body = {"voice": "vivian", "language": "english", "max_tokens": frames, "min_tokens": frames}
+    requests = [BenchRequest("speech", {"input": t, **body}) for t in TEXTS[:concurrency]]
+    result = bench_run(requests, RunOptions(url, model="qwen3tts", speech_format="audio"))
+    failed = [r.error for r in result.records if not r.ok]
+    if failed:
+        raise SystemExit(f"{len(failed)} server request(s) failed: {failed[0]}")
+    return {
+        "ttfa_s": statistics.mean(r.first_output for r in result.records),
+        "rtf": statistics.mean(r.latency / r.audio_seconds for r in result.records),
+        "wall_s": result.duration,
+        "audio_s": sum(r.audio_seconds for r in result.records),
+    }
+
+
 def run_reference(ref_python: str, ckpt: Path, frames: int, concurrency: list[int]) -> dict[int, dict]:
     cmd = [ref_python, str(TOOLS / "qwen_tts_bench_reference.py"), str(ckpt), str(frames), *map(str, concurrency)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=TOOLS)
@@ -94,6 +115,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--ref-python", default="/tmp/qwen-tts-ref/bin/python")
     parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--server", action="store_true", help="also measure mstar serve over HTTP (mstar bench's client)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="qwen3tts-bench-") as tmp:
         ckpt = write_checkpoint(Path(tmp) / "mid", preset="mid", seed=0)
@@ -101,6 +123,11 @@ def main() -> None:
         run_mstar(engine, ckpt, args.frames, 1)  # warm-up, as the reference gets
         ours = {c: run_mstar(engine, ckpt, args.frames, c) for c in args.concurrency}
         engine.close()
+        served = {}
+        if args.server:
+            with LocalServer(["--model", "qwen3tts", "--weights", str(ckpt), "--log-level", "warning"]) as url:
+                run_server(url, args.frames, 1)  # warm-up
+                served = {c: run_server(url, args.frames, c) for c in args.concurrency}
         ref = {} if args.skip_reference else run_reference(args.ref_python, ckpt, args.frames, args.concurrency)
     print(f"Qwen3-TTS mid-size random checkpoint, {args.frames} frames ({args.frames * 0.08:.1f} s audio) per request")
     print(f"{'conc':>4} | {'mstar TTFA':>10} {'ref TTFA':>9} {'ratio':>6} | {'mstar RTF':>9} {'ref RTF':>8} {'ratio':>6}")
@@ -113,6 +140,8 @@ def main() -> None:
             f"{c:>4} | {m['ttfa_s']:>9.3f}s {r['ttfa_s']:>8.3f}s {m['ttfa_s'] / r['ttfa_s']:>6.3f} | "
             f"{m['rtf']:>9.3f} {r['rtf']:>8.3f} {m['rtf'] / r['rtf']:>6.3f}"
         )
+    for c, m in served.items():
+        print(f"{c:>4} | mstar serve over HTTP: TTFA {m['ttfa_s']:.3f}s, RTF {m['rtf']:.3f}, {m['audio_s'] / m['wall_s']:.2f} audio s/s")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Library use, e.g. from a benchmark script::
     print(result["output_throughput"], result["p99_ttft_ms"])
 """
 
+from mstar.bench.local_server import LocalServer
 from mstar.bench.records import BenchRequest, BenchRun, RequestRecord
 from mstar.bench.report import format_summary, write_result
 from mstar.bench.runner import RunOptions, arrival_gaps, arun, run
@@ -20,6 +21,7 @@ __all__ = [
     "DEFAULT_PERCENTILES",
     "BenchRequest",
     "BenchRun",
+    "LocalServer",
     "RequestRecord",
     "RunOptions",
     "arrival_gaps",
