@@ -294,3 +294,13 @@ def test_chat_n_choices_whole_and_streamed(client, tok) -> None:
             if c.finish_reason:
                 finished[c.index] = c.finish_reason
     assert streamed == texts and finished == {0: "length", 1: "length", 2: "length"}
+
+
+def test_stop_token_ends_with_stop_and_is_not_shown(client, hf, tok) -> None:
+    prompt = "The quick brown fox"
+    ids, _ = hf_greedy(hf, tok.encode(prompt), 8, eos=False)
+    k = next(i for i in range(2, 8) if ids[i] not in ids[:i])  # its first occurrence ends the text
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                     extra_body={"stop_token_ids": [ids[k]], "ignore_eos": True})
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].text == tok.decode(ids[:k])
