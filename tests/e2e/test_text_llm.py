@@ -34,12 +34,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("qwen3-site")
     src = root / "src"
     shutil.copytree(FIXTURE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    for args in (["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", root / "wheels", src],
-                 ["install", "--no-deps", "--no-index", "--target", root / "site", *(root / "wheels").glob("*.whl")]):
-        if args[0] == "install":
-            args = args[:5] + [*(root / "wheels").glob("*.whl")]
+    def pip(*args: object) -> None:
         proc = subprocess.run([*PIP, *map(str, args)], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
+
+    pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", root / "wheels", src)
+    pip("install", "--no-deps", "--no-index", "--target", root / "site", *(root / "wheels").glob("*.whl"))
     return root / "site"
 
 
