@@ -2,7 +2,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mstar.attention import TorchAttentionBackend, backend, create_backend, select_backend
+from mstar.attention import TorchAttentionBackend, create_backend, select_backend
+from mstar.attention import selection as backend
 from mstar.kv import KVCacheManager
 
 

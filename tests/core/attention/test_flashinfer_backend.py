@@ -3,8 +3,8 @@
 import pytest
 import torch
 from mstar.attention import AttentionBatch, AttentionRow, TorchAttentionBackend
-from mstar.attention.backend import flashinfer_available
 from mstar.attention.flashinfer_backend import FlashInferAttentionBackend, flashinfer_plan_inputs
+from mstar.attention.selection import flashinfer_available
 from mstar.kv import KVCacheManager
 
 

@@ -10,17 +10,18 @@ and ``check_stop`` (or ``check_stop_batched`` once for the batch).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from mstar.attention.backend import AttentionBackend
-    from mstar.engine.piecewise import PiecewiseRunner
-    from mstar.sampling import BatchSampler, SamplingParams
+from mstar.attention.backend import AttentionBackend
+from mstar.sampling import BatchSampler, SamplingParams
+
+# A piecewise region bound to the step's sampler: called with the region's static inputs.
+RegionRunner = Callable[[dict[str, torch.Tensor]], dict[str, Any]]
 
 STOP_ALL = "*"
 """A stop name ending the request's current partition: no further steps or walks there."""
@@ -127,7 +128,7 @@ class ModelInputsFromEngine:
     positions: torch.Tensor | None = None  # [T] absolute positions of the new tokens
     qo_indptr: torch.Tensor | None = None  # [B+1] row offsets into the flat token dim
     sampler: BatchSampler | None = None  # the batch's gathered sampler
-    piecewise_runners: dict[str, PiecewiseRunner] = field(default_factory=dict)
+    piecewise_runners: dict[str, RegionRunner] = field(default_factory=dict)
 
     @property
     def last_token_index(self) -> torch.Tensor:
