@@ -137,17 +137,19 @@ TINY_AC: dict[str, Any] = {
 }
 
 
-def write_checkpoint(path: Path, seed: int = 0) -> None:
-    """A tiny random checkpoint in upstream's layout (``vjepa2-ac-vitg.pt`` + config.json)."""
+def write_checkpoint(path: Path, seed: int = 0, config: dict[str, Any] | None = None) -> None:
+    """A random checkpoint in upstream's layout (``vjepa2-ac-vitg.pt`` + config.json);
+    ``config`` has ``TINY_AC``'s keys (default: tiny)."""
+    config = config or TINY_AC
     from mstar_vjepa2.ac_predictor import ACPredictor
     from mstar_vjepa2.checkpoint import random_state
     from mstar_vjepa2.vit import Encoder
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    enc = random_state(Encoder(encoder_config(TINY_AC)), seed)
-    pred = random_state(ACPredictor(ac_config(TINY_AC)), seed + 1)
+    enc = random_state(Encoder(encoder_config(config)), seed)
+    pred = random_state(ACPredictor(ac_config(config)), seed + 1)
     torch.save({"encoder": {f"module.backbone.{k}": v for k, v in encoder_state_to_upstream(enc).items()},
                 "predictor": {f"module.{k}": v for k, v in pred.items()}}, path / "vjepa2-ac-vitg.pt")
-    extra = {k: TINY_AC[k] for k in ("model_type", "img_size", "encoder_num_heads", "predictor_num_heads", "use_extrinsics")}
+    extra = {k: config[k] for k in ("model_type", "img_size", "encoder_num_heads", "predictor_num_heads", "use_extrinsics")}
     (path / "config.json").write_text(json.dumps(extra, indent=2))
