@@ -33,15 +33,16 @@ def seed_for_choice(sampling: RequestSampling, seed: int | None, index: int) -> 
 
 async def start_text_choice(
     rt: ServerRuntime, endpoint: str, prefix: str, request: Any, sampling: RequestSampling, index: int,
-    top_logprobs: int | None,
+    top_logprobs: int | None, top_param: str = "top_logprobs",
 ) -> Choice:
-    """Start one text choice; ``top_logprobs`` None means no logprobs."""
+    """Start one text choice; ``top_logprobs`` None means no logprobs (``top_param``: the
+    request field it came from, for errors)."""
     adapter = rt.adapter
     signals = [adapter.text_signal] if adapter.text_signal else []
     logprobs = None
     if top_logprobs is not None:
         sampling.set("logprobs", True)
-        sampling.set("top_logprobs", top_logprobs, "logprobs")
+        sampling.set("top_logprobs", top_logprobs, top_param)
         signals += logprob_signals(adapter, top_logprobs)
         logprobs = LogprobAssembler(adapter, top_logprobs)
     ex = Execution(rt, endpoint, prefix=prefix)

@@ -87,7 +87,7 @@ async def completions(rt: ServerRuntime, req: CompletionRequest, receive: Receiv
         one = req.model_copy(update={"prompt": prompts[k // req.n]})
         sampling = request_sampling(one, max_tokens=("max_tokens", req.max_tokens))
         seed_for_choice(sampling, req.seed, k)
-        c = await start_text_choice(rt, COMPLETIONS, "cmpl", one, sampling, k, req.logprobs)
+        c = await start_text_choice(rt, COMPLETIONS, "cmpl", one, sampling, k, req.logprobs, "logprobs")
         c.extra["echo"] = _echo_text(rt, one.prompt) if req.echo else ""
         c.extra["offset"] = len(c.extra["echo"])  # text_offset of the next logprob entry
         return c
