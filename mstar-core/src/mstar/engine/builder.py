@@ -9,12 +9,15 @@ from typing import Any
 
 import torch
 
+from mstar.attention import create_backend
 from mstar.engine.core import EngineCore, SchedulerConfig
 from mstar.engine.executors import LoadedNode
 from mstar.engine.piecewise import PiecewiseRunner
 from mstar.graph import EngineKind, GraphSpec
+from mstar.kv import KVCacheManager
 from mstar.model.spec import ModelConfig, ModelSpec, NodeSamplers
 from mstar.model.submodule_base import ARNodeSubmodule
+from mstar.sampling import MultiSampler
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +57,6 @@ class BuiltModel:
 
 def build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineConfig) -> BuiltModel:
     """``loaded`` is a ``mstar.plugins.loading.LoadedModel`` (spec + hook relay)."""
-    from mstar.attention import create_backend
-    from mstar.kv import KVCacheManager
-    from mstar.sampling import MultiSampler
 
     spec: ModelSpec = loaded.spec
     hook = loaded.hook

@@ -21,6 +21,8 @@ import torch
 
 from mstar.engine.builder import BuiltModel, EngineConfig, build_core
 from mstar.engine.request import Request, RequestOutput
+from mstar.plugins.loading import load_model
+from mstar.sampling.resolve import resolve_sampling
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +106,6 @@ class Engine:
         random_weights: bool = False,
         **engine_kwargs: Any,
     ) -> Engine:
-        from mstar.plugins.loading import load_model
-
         loaded = load_model(model)
         if weights is None and not random_weights:
             raise ValueError("give weights=<checkpoint dir> or random_weights=True")
@@ -125,8 +125,6 @@ class Engine:
         validated, seeds resolved (``mstar.sampling.resolve``). ``sampling`` maps node ->
         {"main": {...}, "aux": {label: {...}}} or a plain params dict for the main sampler; a
         single-sampler model also accepts that directly."""
-        from mstar.sampling.resolve import resolve_sampling
-
         return resolve_sampling(self.built.node_samplers, sampling)[0]
 
     def add_request(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mstar.attention import AttentionBatch
 from mstar.engine.stop_rules import core_stop_checks
 from mstar.graph import EngineKind, Step
 from mstar.model.spec import NodeSamplers
@@ -151,8 +152,6 @@ class StatelessNodeExecutor(NodeExecutor):
 
 class KVNodeExecutor(NodeExecutor):
     def _engine_inputs(self, rows: list[Row]) -> ModelInputsFromEngine:
-        from mstar.attention import AttentionBatch
-
         node = self.node
         ei = super()._engine_inputs(rows)
         sub = node.submodule
