@@ -13,7 +13,9 @@ U+FFFDs when any of its bytes is invalid, so the window never ends inside such a
 Exact as long as ``decode`` of a window is the matching slice of ``decode`` of the whole
 sequence at a complete-character boundary: true for byte-level BPE and SentencePiece
 tokenizers, not for ``clean_up_tokenization_spaces`` (which rewrites across tokens), so
-that clean-up is switched off here.
+that clean-up is switched off here: the deltas concatenate to
+``decode(ids, clean_up_tokenization_spaces=False)`` (the same text for tokenizers that
+do not set it, as Llama-, Qwen- and Mistral-family checkpoints do not).
 """
 
 from __future__ import annotations
@@ -25,14 +27,35 @@ from collections.abc import Iterable
 from typing import Any
 
 REPLACEMENT = "\ufffd"  # what decode shows for an incomplete UTF-8 sequence
+
+
+def decoder_types(tokenizer: Any) -> set[str]:
+    """Type names in the fast tokenizer's decoder chain (e.g. {"ByteLevel"}); empty for
+    tokenizers without a ``tokenizers`` backend."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is None:
+        return set()
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "type" in node:
+                found.add(str(node["type"]))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(json.loads(decoder.__getstate__()))
+    return found
 _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 
 @functools.lru_cache(maxsize=8)
 def byte_fallback_ids(tokenizer: Any) -> frozenset[int]:
     """Ids of ``<0xNN>`` tokens when the tokenizer's decoder has byte fallback, else none."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or '"ByteFallback"' not in json.dumps(json.loads(backend.to_str()).get("decoder")):
+    if "ByteFallback" not in decoder_types(tokenizer):
         return frozenset()
     return frozenset(i for t, i in tokenizer.get_vocab().items() if _BYTE_TOKEN.match(t))
 

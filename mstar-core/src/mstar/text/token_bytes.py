@@ -9,9 +9,10 @@ byte) or plain text. Added tokens are their content.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from typing import Any
+
+from mstar.text.detokenizer import decoder_types
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 SPIECE_SPACE = "\u2581"
@@ -31,30 +32,10 @@ def byte_level_table() -> dict[str, int]:
     return table
 
 
-def _decoder_types(tokenizer: Any) -> set[str]:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return set()
-    found: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "type" in node:
-                found.add(str(node["type"]))
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(json.loads(backend.to_str()).get("decoder"))
-    return found
-
-
 class TokenRenderer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        kinds = _decoder_types(tokenizer)
+        kinds = decoder_types(tokenizer)
         self.byte_level = "ByteLevel" in kinds
         self.added = {int(i): t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
 
