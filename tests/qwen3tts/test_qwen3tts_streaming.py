@@ -52,11 +52,13 @@ def test_streamed_audio_equals_one_whole_decode(tiny_engine, tiny_ckpt, tiny_cfg
 
 
 def test_too_little_left_context_changes_audio(engines, tmp_path: Path, tiny_cfg) -> None:
-    """The streaming knobs come from config.json's ``mstar_streaming``; below the decoder's
-    receptive field the seams are audible, which is why the default is the exact field."""
-    ckpt = write_checkpoint(tmp_path, overrides={"mstar_streaming": {"chunk": 5, "first_chunk": 2, "left_context": 1}})
+    """The streaming knobs come from config.json's ``mstar_streaming``; a codec that carries
+    no state and re-decodes less than its receptive field makes the seams audible."""
+    overrides = {"mstar_streaming": {"chunk": 5, "first_chunk": 2, "left_context": 1, "stateful": False}}
+    ckpt = write_checkpoint(tmp_path, overrides=overrides)
     cfg = Qwen3TTSConfig.from_dict(load_config(ckpt))
     assert (cfg.streaming.chunk, cfg.streaming.first_chunk, cfg.streaming.left_context) == (5, 2, 1)
+    assert not cfg.streaming.stateful
     engine = engines(ckpt)
     result = engine.run_batch([{"inputs": speech_inputs(ckpt, "Seams."), "sampling": _fixed_length(FRAMES)}])[0]
     assert [a.numel() for a in result.signals["audio"]][:2] == [2 * cfg.codec.samples_per_frame, 5 * cfg.codec.samples_per_frame]

@@ -2,45 +2,25 @@
 
 Residual-VQ lookup, a causal convolution, a sliding-window causal transformer, then
 transposed-convolution upsampling with ConvNeXt and Snake residual blocks. Everything is
-causal, so a chunk decoded with enough left context reproduces the whole decode.
+causal: passing a ``StreamState`` decodes a stream chunk by chunk, each chunk costing the
+same, and the chunks join to the whole decode (``mstar.layers.streaming``).
 Module names follow the checkpoint's ``decoder.*`` keys.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from mstar.layers.streaming import CausalConv1d as CausalConv
+from mstar.layers.streaming import CausalConvTranspose1d as CausalUpsample
+from mstar.layers.streaming import StreamState, stream_positions, window_keys_values
 from torch import nn
 
 from mstar_qwen3tts.config import CodecConfig
 from mstar_qwen3tts.layers import GatedMLP, RMSNorm, apply_rope, rope_cos_sin
-
-
-class CausalConv(nn.Module):
-    """Conv1d padded on the left so output t sees inputs <= t (stride 1 throughout here)."""
-
-    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> None:
-        super().__init__()
-        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
-        self.left = (kernel - 1) * dilation
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (self.left, 0)))
-
-
-class CausalUpsample(nn.Module):
-    """Transposed conv whose right overhang is cut: exactly ``stride`` samples per input."""
-
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
-        super().__init__()
-        self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
-        self.trim = kernel - stride
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.conv(x)
-        return y[..., : y.shape[-1] - self.trim] if self.trim else y
 
 
 class SnakeBeta(nn.Module):
@@ -51,7 +31,8 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
+        # Pointwise: nothing to carry between chunks.
         alpha = self.alpha.exp()[None, :, None]
         beta = self.beta.exp()[None, :, None]
         return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
@@ -66,8 +47,8 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv2 = nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm(self.dwconv(x).transpose(1, 2))
+    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
+        h = self.norm(self.dwconv(x, state).transpose(1, 2))
         h = self.pwconv2(F.gelu(self.pwconv1(h)))
         return x + (self.gamma * h).transpose(1, 2)
 
@@ -80,8 +61,8 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), state)), state)
 
 
 class DecoderBlock(nn.Module):
@@ -91,9 +72,9 @@ class DecoderBlock(nn.Module):
             [SnakeBeta(cin), CausalUpsample(cin, cout, 2 * rate, rate), *(ResidualUnit(cout, d) for d in (1, 3, 9))]
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
         for layer in self.block:
-            x = layer(x)
+            x = layer(x, state)
         return x
 
 
@@ -107,7 +88,13 @@ class Codebook(nn.Module):
         self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
 
     def vectors(self) -> torch.Tensor:
-        return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+        # Cached: a streamed chunk would otherwise pay for the whole table every time.
+        key = (self.embedding_sum._version, self.cluster_usage._version, self.embedding_sum.data_ptr(),
+               self.cluster_usage.data_ptr(), self.embedding_sum.device)
+        if getattr(self, "_vectors_key", None) != key:
+            self._vectors = self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+            self._vectors_key = key
+        return self._vectors
 
 
 class VQLayer(nn.Module):
@@ -154,6 +141,14 @@ class SplitRVQ(nn.Module):
 # ---- the sliding-window transformer ----------------------------------------------------------
 
 
+class StreamWindow(NamedTuple):
+    """What a streamed chunk's attention layers share: the state and the frames' positions."""
+
+    state: StreamState
+    positions: torch.Tensor  # [B, T]
+    window: int
+
+
 class LayerScale(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -174,11 +169,15 @@ class WindowAttention(nn.Module):
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, stream: StreamWindow | None = None
+    ) -> torch.Tensor:
         b, t, _ = x.shape
         q = apply_rope(self.q_proj(x).view(b, t, self.num_heads, self.head_dim), cos, sin).transpose(1, 2)
         k = apply_rope(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim), cos, sin).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if stream is not None:  # prepend the carried keys of the last window - 1 frames
+            k, v, mask = window_keys_values(stream.state, self, k, v, stream.positions, stream.window)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -193,8 +192,10 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, stream: StreamWindow | None = None
+    ) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, stream))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -207,17 +208,26 @@ class PreTransformer(nn.Module):
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
         """[B, T, latent] → [B, T, latent]; query t attends keys (t - window, t]."""
         x = self.input_proj(x)
         t = x.shape[1]
-        pos = torch.arange(t, device=x.device)
-        cos, sin = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        delta = pos[:, None] - pos[None, :]
-        mask = (delta >= 0) & (delta < self.cfg.sliding_window)
+        if state is None:
+            pos = torch.arange(t, device=x.device)
+            cos, sin = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+            cos, sin = cos[:, None, :], sin[:, None, :]
+            delta = pos[:, None] - pos[None, :]
+            mask = (delta >= 0) & (delta < self.cfg.sliding_window)
+            stream = None
+        else:
+            # Absolute positions per stream; masks come from each layer's carried window.
+            positions = stream_positions(state, self, t, x.device)
+            cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+            cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+            mask = torch.ones((), dtype=torch.bool, device=x.device)
+            stream = StreamWindow(state, positions, self.cfg.sliding_window)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+            x = layer(x, cos, sin, mask, stream)
         return self.output_proj(self.norm(x))
 
 
@@ -246,14 +256,17 @@ class CodecDecoder(nn.Module):
     def samples_per_frame(self) -> int:
         return math.prod(self.cfg.upsample_rates) * math.prod(self.cfg.upsampling_ratios)
 
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, G, T] (long) → waveform [B, 1, T * samples_per_frame] in [-1, 1]."""
+    def forward(self, codes: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
+        """codes [B, G, T] (long) → waveform [B, 1, T * samples_per_frame] in [-1, 1].
+
+        With ``state`` the codes continue the stream(s) ``state`` carries (and ``state``
+        advances); without, they are a whole utterance."""
         if codes.shape[1] != self.cfg.num_quantizers:
             raise ValueError(f"expected {self.cfg.num_quantizers} codebook groups, got {codes.shape[1]}")
-        x = self.pre_conv(self.quantizer.decode(codes))
-        x = self.pre_transformer(x.transpose(1, 2)).transpose(1, 2)
+        x = self.pre_conv(self.quantizer.decode(codes), state)
+        x = self.pre_transformer(x.transpose(1, 2), state).transpose(1, 2)
         for up, block in self.upsample:  # type: ignore[misc]
-            x = block(up(x))
+            x = block(up(x, state), state)
         for layer in self.decoder:
-            x = layer(x)
+            x = layer(x, state)
         return x.clamp(-1.0, 1.0)

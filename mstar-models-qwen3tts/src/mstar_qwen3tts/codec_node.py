@@ -1,7 +1,10 @@
-"""Node ``codec``: decodes chunks of the talker's code stream to audio (stateless).
+"""Node ``codec``: decodes chunks of the talker's code stream to audio (engine kind stateless).
 
-Each chunk arrives with left-context frames already decoded before; their audio is dropped,
-so with enough context the chunk's new audio equals that of one whole decode.
+Stateful (the default): each chunk holds only new frames; the decoder's carried state
+(``mstar.layers.streaming.StreamState``) lives in the request's ``PerRequestState``, which
+the engine frees when the request leaves, so every chunk costs the same. Otherwise each
+chunk arrives with left-context frames already decoded before and their audio is dropped.
+Either way, with the exact receptive field the chunks join to one whole decode.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from mstar.layers.streaming import StreamState
 from mstar.model.submodule_base import (
     BatchedModelOutput,
     CurrentForwardPassInfo,
@@ -21,11 +25,14 @@ from mstar.model.submodule_base import (
 from mstar_qwen3tts.codec_decoder import CodecDecoder
 from mstar_qwen3tts.config import CodecConfig
 
+STATE_KEY = "codec_stream"
+
 
 class CodecNode(NodeSubmodule):
-    def __init__(self, cfg: CodecConfig) -> None:
+    def __init__(self, cfg: CodecConfig, stateful: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
+        self.stateful = stateful
         self.decoder = CodecDecoder(cfg)
 
     def get_autocast_dtype(self) -> torch.dtype:
@@ -41,6 +48,8 @@ class CodecNode(NodeSubmodule):
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.cfg.codebook_size):
             raise ValueError(f"codec codes must lie in [0, {self.cfg.codebook_size})")
         context = int(signals["code_context"]) if "code_context" in signals else 0
+        if self.stateful and context:
+            raise ValueError("a stateful codec takes chunks without left context")
         return NodeInputs(tensor_inputs={"codes": codes}, kwargs={"context": context}, input_seq_len=codes.shape[0])
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]) -> dict[str, Any]:
@@ -55,11 +64,23 @@ class CodecNode(NodeSubmodule):
         wav = self.decoder(codes.T[None])
         return wav[0, 0, context * self.decoder.samples_per_frame :]
 
+    def decode_chunk(self, codes: torch.Tensor, state: StreamState) -> torch.Tensor:
+        """The next frames [T, G] of the stream ``state`` carries → their audio (1-D);
+        ``state`` advances."""
+        return self.decoder(codes.T[None], state)[0, 0]
+
     def forward_batched(
         self, graph_walk: str, engine_inputs: ModelInputsFromEngine, codes: list[torch.Tensor], contexts: list[int]
     ) -> BatchedModelOutput:
-        per_rid = {
-            rid: {"audio": self.decode(c, ctx)}
-            for rid, c, ctx in zip(engine_inputs.request_ids, codes, contexts, strict=True)
-        }
+        rids = engine_inputs.request_ids
+        if not self.stateful:
+            return BatchedModelOutput(
+                per_rid_outputs={rid: {"audio": self.decode(c, ctx)} for rid, c, ctx in zip(rids, codes, contexts, strict=True)}
+            )
+        per_rid = {}
+        for rid, c in zip(rids, codes, strict=True):
+            store = engine_inputs.per_request_states[rid]
+            state = store.get(STATE_KEY) or StreamState()
+            per_rid[rid] = {"audio": self.decode_chunk(c, state)}
+            store.add(STATE_KEY, state)
         return BatchedModelOutput(per_rid_outputs=per_rid)

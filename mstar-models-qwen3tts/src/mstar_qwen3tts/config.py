@@ -23,9 +23,10 @@ CODEC_MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
 CONTROL_BLOCK = 1024
 
 # Streaming defaults (frames of 80 ms at 12.5 Hz): a small first chunk so audio starts
-# early, larger chunks after. ``left_context`` None means "the decoder's exact receptive
-# field", so chunk seams never change the audio.
-DEFAULT_STREAMING: dict[str, int | None] = {"chunk": 12, "first_chunk": 4, "left_context": None}
+# early, larger chunks after. ``stateful`` decodes each chunk from its new frames plus the
+# decoder's carried state; ``stateful: false`` re-decodes ``left_context`` frames instead
+# (None means "the decoder's exact receptive field"). Either way seams never change the audio.
+DEFAULT_STREAMING: dict[str, int | bool | None] = {"chunk": 12, "first_chunk": 4, "left_context": None, "stateful": True}
 
 
 class ConfigError(ValueError):
@@ -280,7 +281,8 @@ class SamplingDefaults:
 class StreamingConfig:
     chunk: int
     first_chunk: int
-    left_context: int
+    left_context: int  # frames re-decoded before each chunk when not stateful
+    stateful: bool = True
 
 
 @dataclass(frozen=True)
@@ -314,6 +316,7 @@ class Qwen3TTSConfig:
             chunk=int(stream["chunk"]),  # type: ignore[arg-type]
             first_chunk=int(stream["first_chunk"]),  # type: ignore[arg-type]
             left_context=codec.receptive_field_frames() if left is None else int(left),
+            stateful=bool(stream["stateful"]),
         )
         tokens = {
             k: int(_get(d, k, where))

@@ -45,7 +45,11 @@ def build_graph(config: dict[str, Any]) -> GraphSpec:
             "codes": Signal(
                 "codes",
                 to_client=True,
-                stream=StreamingEdge("audio", "code_chunk", LeftContextChunks(s.chunk, s.left_context, s.first_chunk), "code_context"),
+                stream=StreamingEdge(
+                    "audio", "code_chunk",
+                    # A stateful codec carries its own past: chunks need no left context.
+                    LeftContextChunks(s.chunk, 0 if s.stateful else s.left_context, s.first_chunk), "code_context",
+                ),
             ),
             "next_embed": Signal("next_embed", persist=True),
             "audio": Signal("audio", to_client=True),
@@ -125,7 +129,8 @@ def _build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: st
     from mstar_qwen3tts.codec_node import CodecNode
     from mstar_qwen3tts.weights import load_codec
 
-    node = CodecNode(typed(config).codec)
+    cfg = typed(config)
+    node = CodecNode(cfg.codec, stateful=cfg.streaming.stateful)
     if checkpoint_dir is not None:
         load_codec(node, checkpoint_dir)
     return node.to(device)
