@@ -78,3 +78,23 @@ def test_bad_inputs_fail_alone_naming_the_field(engine, inputs, kwargs, needle):
     good, bad = engine.run_batch([{"inputs": {"video": _clip(2, 9)}}, {"inputs": inputs, "kwargs": kwargs}])
     assert good.error is None and "latents" in good.signals
     assert bad.error is not None and needle in bad.error and bad.error_type == "invalid_request"
+
+
+@torch.no_grad()
+def test_anticipation_rollout_equals_a_transformers_sliding_window(engine, ref):
+    clips = [_clip(4, 21), _clip(6, 22)]
+    settings = [{"steps": 3}, {"steps": 2, "output_frames": 4, "skip_frames": 2}]
+    outs = engine.run_batch([{"inputs": {"video": c}, "kwargs": {"task": "anticipate", "anticipate": a}}
+                             for c, a in zip(clips, settings, strict=True)])
+    for clip, a, out in zip(clips, settings, outs, strict=True):
+        assert out.error is None, out.error
+        x = ref(clip[None], skip_predictor=True).last_hidden_state
+        n = x.shape[1]
+        n_pred = a.get("output_frames", 2) // 2 * 16
+        tgt = n + a.get("skip_frames", 0) // 2 * 16 + torch.arange(n_pred)
+        steps = out.signals["anticipated"]
+        assert len(steps) == a["steps"]
+        for got in steps:
+            want = ref.predictor(x, [torch.arange(n)[None]], [tgt[None]]).last_hidden_state
+            assert (got - want[0]).abs().max().item() < TOL
+            x = torch.cat([x[:, n_pred:], want], dim=1)

@@ -7,11 +7,13 @@ from typing import Any
 
 import torch
 from mstar.model.submodule_base import (
+    STOP_ALL,
     BatchedModelOutput,
     CurrentForwardPassInfo,
     ModelInputsFromEngine,
     NodeInputs,
     NodeSubmodule,
+    StopCheck,
 )
 
 from mstar_vjepa2.config import VJEPA2Config
@@ -76,14 +78,38 @@ def _indices(signals: Mapping[str, torch.Tensor], name: str, n: int) -> torch.Te
 
 
 class PredictorNode(NodeSubmodule):
-    """latents [N, D] (+ optional ``context_mask`` / ``target_mask`` token indices, default
-    all tokens) → predictions [Nt, D] for the target tokens."""
+    """``predict`` walk: latents [N, D] (+ optional ``context_mask`` / ``target_mask`` token
+    indices, default all tokens) → predictions [Nt, D] for the target tokens.
+
+    ``anticipate`` walk (upstream's anticipation wrapper): a sliding window. Each step
+    predicts ``output_frames`` frames lying ``skip_frames`` frames past the window's end
+    (positions relative to the window), then slides: the oldest tokens leave, the
+    prediction joins. ``kwargs.anticipate = {"steps", "output_frames", "skip_frames"}``."""
 
     def __init__(self, cfg: VJEPA2Config) -> None:
         super().__init__()
+        self.cfg = cfg
         self.predictor = Predictor(cfg)
 
+    def _anticipation(self, kwargs: Mapping[str, Any]) -> tuple[int, int, int]:
+        a = dict(kwargs.get("anticipate", {}))
+        t = self.cfg.tubelet_size
+        steps, out_frames, skip = int(a.get("steps", 1)), int(a.get("output_frames", t)), int(a.get("skip_frames", 0))
+        if steps < 1 or out_frames < 1 or skip < 0:
+            raise ValueError("anticipate: steps >= 1, output_frames >= 1 and skip_frames >= 0 are required")
+        per = self.cfg.tokens_per_tubelet
+        return steps, max(out_frames, t) // t * per, skip // t * per
+
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> NodeInputs:
+        if graph_walk == "anticipate":
+            window = signals.get("window", signals["latents"])
+            n = window.shape[0]
+            steps, n_pred, skip = self._anticipation(info.request_kwargs)
+            if n_pred > n:
+                raise ValueError(f"anticipate: output_frames give {n_pred} tokens, more than the clip's {n}")
+            ctx, tgt = torch.arange(n), n + skip + torch.arange(n_pred)
+            return NodeInputs(tensor_inputs={"latents": window, "context": ctx, "target": tgt},
+                              kwargs={"last": info.iteration + 1 >= steps}, input_seq_len=n)
         latents = signals["latents"]
         n = latents.shape[0]
         ctx, tgt = _indices(signals, "context_mask", n), _indices(signals, "target_mask", n)
@@ -91,14 +117,28 @@ class PredictorNode(NodeSubmodule):
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]) -> dict[str, Any]:
         device = self.predictor.proj.weight.device
-        out = {}
+        out: dict[str, Any] = {"last": [i.kwargs.get("last", True) for i in inputs]}
         for key in ("latents", "context", "target"):
             padded, lengths = pad_stack([i.tensor_inputs[key] for i in inputs])
             out[key], out[f"{key}_len"] = padded.to(device), lengths.to(device)
         return out
 
     def forward_batched(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, latents: torch.Tensor, latents_len: torch.Tensor,
-                        context: torch.Tensor, context_len: torch.Tensor, target: torch.Tensor, target_len: torch.Tensor) -> BatchedModelOutput:
+                        context: torch.Tensor, context_len: torch.Tensor, target: torch.Tensor, target_len: torch.Tensor,
+                        last: list[bool]) -> BatchedModelOutput:
         pred = self.predictor(latents, context, context_len, target, target_len)
-        per_rid = {rid: {"predictions": pred[b, : int(target_len[b])]} for b, rid in enumerate(engine_inputs.request_ids)}
+        per_rid: dict[str, dict[str, torch.Tensor]] = {}
+        for b, rid in enumerate(engine_inputs.request_ids):
+            p = pred[b, : int(target_len[b])]
+            if graph_walk != "anticipate":
+                per_rid[rid] = {"predictions": p}
+                continue
+            window = latents[b, : int(latents_len[b])]
+            per_rid[rid] = {"anticipated": p, "window": torch.cat([window[p.shape[0] :], p]),
+                            "last": torch.tensor(last[b])}
         return BatchedModelOutput(per_rid_outputs=per_rid)
+
+    def check_stop(self, request_id: str, info: CurrentForwardPassInfo, outputs: Mapping[str, torch.Tensor]) -> StopCheck:
+        if "last" in outputs and bool(outputs["last"]):
+            return StopCheck(frozenset({STOP_ALL}), reason="stop")
+        return StopCheck()

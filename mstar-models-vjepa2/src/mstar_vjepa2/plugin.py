@@ -1,7 +1,8 @@
 """``vjepa2``: the V-JEPA 2 video encoder and masked predictor (entry point in ``mstar.models``).
 
-Walks (request kwarg ``task``): ``encode`` (video → latents) and ``predict`` (video →
-latents → predictions for the target tokens, from the context tokens).
+Walks (request kwarg ``task``): ``encode`` (video → latents), ``predict`` (video →
+latents → predictions for the target tokens, from the context tokens) and ``anticipate``
+(a sliding-window rollout of the masked predictor, streamed per step).
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from mstar import hookimpl
-from mstar.graph import EngineKind, GraphSpec, NodeSpec, Signal, Step, Walk
+from mstar.graph import EngineKind, GraphSpec, Loop, NodeSpec, Signal, Step, Walk
 from mstar.model.spec import ModelSpec, NodeSamplers
 
 from mstar_vjepa2.config import ARCHITECTURE, from_hf_dict, load_config
 from mstar_vjepa2.walks import TaskWalks
 
 MODEL_NAME = "vjepa2"
-TASKS = TaskWalks("main", {"encode": ("encode",), "predict": ("encode", "predict")}, default="encode")
+TASKS = TaskWalks("main", {"encode": ("encode",), "predict": ("encode", "predict"), "anticipate": ("encode", "anticipate")},
+                  default="encode")
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
@@ -26,10 +28,14 @@ def build_graph(config: dict[str, Any]) -> GraphSpec:
         signals={
             "latents": Signal("latents", to_client=True, persist=True),
             "predictions": Signal("predictions", to_client=True),
+            "anticipated": Signal("anticipated", to_client=True),
+            "window": Signal("window"),  # the anticipation loop's sliding context
         },
         walks={
             "encode": Walk("encode", "main", Step("encoder", inputs=("video",), outputs=("latents",))),
             "predict": Walk("predict", "main", Step("predictor", inputs=("latents",), outputs=("predictions",))),
+            "anticipate": Walk("anticipate", "main", Loop(
+                "anticipate_loop", Step("predictor", inputs=("latents",), outputs=("anticipated", "window")), stop_on=("predictor",))),
         },
         state_machine=TASKS,
         request_inputs=("video",),
@@ -47,7 +53,8 @@ def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
 
     cfg = from_hf_dict(config)
     video = torch.randn(cfg.tubelet_size * 2, cfg.in_chans, cfg.crop_size, cfg.crop_size)
-    return [{"inputs": {"video": video}, "kwargs": {"task": task}} for task in ("encode", "predict")]
+    return [{"inputs": {"video": video}, "kwargs": {"task": task, "anticipate": {"steps": 2}}}
+            for task in ("encode", "predict", "anticipate")]
 
 
 @hookimpl
