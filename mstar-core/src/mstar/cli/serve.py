@@ -8,8 +8,11 @@ import click
 
 
 @click.command("serve")
-@click.option("--model", required=True, help="Model name, alias or checkpoint directory.")
-@click.option("--weights", type=click.Path(exists=True, file_okay=False), default=None, help="Checkpoint directory.")
+@click.argument("model_arg", metavar="[MODEL]", required=False)
+@click.option("--model", default=None, help="Model name, alias, checkpoint directory or Hugging Face repo id (or give it as the argument).")
+@click.option("--weights", default=None, help="Checkpoint directory or Hugging Face repo id.")
+@click.option("--revision", default=None, help="Branch, tag or commit of a Hugging Face repo id.")
+@click.option("--served-model-name", "served_model_names", multiple=True, help="Name(s) of the model in the API (repeatable; the first is reported). Default: the plugin's name and aliases.")
 @click.option("--random-weights", is_flag=True, help="Serve the plugin's tiny random checkpoint (output is noise).")
 @click.option("--config", "placement", type=click.Path(exists=True, dir_okay=False), default=None, help="Placement YAML: nodes per device group.")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -29,16 +32,26 @@ import click
 @click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0), help="SIGTERM: seconds running requests may still finish before their streams are ended.")
 @click.option("--max-stream-buffer-bytes", default=64 << 20, show_default=True, type=click.IntRange(min=1), help="Output waiting for a client that does not read, per request; beyond it the request is aborted.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(model: str, weights: str | None, random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
+def serve(model_arg: str | None, model: str | None, weights: str | None, revision: str | None, served_model_names: tuple[str, ...], random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
           max_concurrency: int, max_queue: int, request_timeout: float, max_body_bytes: int, preprocess_workers: int | None,
           engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str,
           restart_engines: bool, max_engine_restarts: int, shutdown_timeout: float, max_stream_buffer_bytes: int, log_level: str) -> None:
-    """Serve MODEL over HTTP with an OpenAI-compatible API."""
+    """Serve MODEL over HTTP with an OpenAI-compatible API.
+
+    MODEL is an installed model's name or alias (then give --weights or --random-weights),
+    a checkpoint directory, or a Hugging Face repo id (org/name, through the Hub cache);
+    for the last two the plugin is picked by config.json's architectures.
+    """
     from mstar.server.config import ServerConfig
     from mstar.server.launcher import ServeConfigError, run_server
 
+    if model_arg and model and model_arg != model:
+        raise click.UsageError(f"two models given: {model_arg!r} and --model {model!r}; give one")
+    model = model_arg or model
+    if not model:
+        raise click.UsageError("give the model: mstar serve MODEL (a name, checkpoint directory or Hugging Face repo id)")
     config = ServerConfig(
-        model=model, weights=weights, random_weights=random_weights, placement=placement, host=host, port=port,
+        model=model, weights=weights, revision=revision, served_model_names=list(served_model_names), random_weights=random_weights, placement=placement, host=host, port=port,
         api_key=api_key, max_concurrency=max_concurrency, max_queue=max_queue, request_timeout_s=request_timeout,
         max_body_bytes=max_body_bytes, log_level=log_level, device=device, engine_options=_parse_options(engine_options), engine_threads=engine_threads,
         restart_engines=restart_engines, max_engine_restarts=max_engine_restarts, shutdown_timeout_s=shutdown_timeout,
@@ -48,8 +61,6 @@ def serve(model: str, weights: str | None, random_weights: bool, placement: str 
         config.preprocess_workers = preprocess_workers
     if shm_threshold is not None:
         config.shm_threshold = shm_threshold
-    if not weights and not random_weights:
-        raise click.UsageError("give --weights DIR (a checkpoint directory) or --random-weights")
     try:
         code = run_server(config)
     except ServeConfigError as exc:

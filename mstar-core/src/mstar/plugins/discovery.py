@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from mstar.hub import is_repo_id, repo_config
 from mstar.plugins.errors import (
     AmbiguousArchitectureError,
     DuplicateModelError,
@@ -161,9 +162,10 @@ def general_plugins() -> list[InstalledPlugin]:
     return sorted(found, key=lambda p: (p.distribution, p.name))
 
 
-def resolve_model(target: str | Path) -> InstalledModel:
-    """The installed model named ``target``: a model name, an alias, or a checkpoint
-    directory whose ``config.json`` lists an architecture a plugin serves."""
+def resolve_model(target: str | Path, revision: str | None = None) -> InstalledModel:
+    """The installed model named ``target``: a model name, an alias, a checkpoint
+    directory, or a Hugging Face repo id (``org/name``; its ``config.json`` only is fetched,
+    at ``revision``), whose ``config.json`` lists an architecture a plugin serves."""
     models = installed_models()
     by_key = {m.name: m for m in models} | {a: m for m in models for a in m.aliases}
     if str(target) in by_key:
@@ -171,6 +173,8 @@ def resolve_model(target: str | Path) -> InstalledModel:
     path = Path(target)
     if path.is_dir():
         return _resolve_checkpoint_dir(path, models)
+    if is_repo_id(target):
+        return _resolve_config(repo_config(str(target), revision), f"config.json of {target}", models)
     if not models:
         raise UnknownModelError(
             f"unknown model {str(target)!r}: no model plugins are installed "
@@ -193,6 +197,10 @@ def _resolve_checkpoint_dir(path: Path, models: list[InstalledModel]) -> Install
         ) from None
     except (OSError, ValueError) as exc:
         raise UnknownArchitectureError(f"cannot read {config_file}: {exc}") from None
+    return _resolve_config(config, str(config_file), models)
+
+
+def _resolve_config(config: Any, config_file: str, models: list[InstalledModel]) -> InstalledModel:
     archs = config.get("architectures") if isinstance(config, dict) else None
     if not isinstance(archs, list) or not archs:
         raise UnknownArchitectureError(

@@ -11,8 +11,10 @@ from mstar.server.tensor_codec import DEFAULT_SHM_THRESHOLD
 
 @dataclass
 class ServerConfig:
-    model: str
-    weights: str | None = None
+    model: str  # as given: name, alias, checkpoint directory or Hub repo id (the launcher resolves it)
+    weights: str | None = None  # checkpoint directory or Hub repo id
+    revision: str | None = None  # of a Hub repo id
+    served_model_names: list[str] = field(default_factory=list)  # API names; empty: name + aliases
     random_weights: bool = False
     placement: str | None = None  # path of a placement YAML
     host: str = "127.0.0.1"

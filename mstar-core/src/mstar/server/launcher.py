@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +27,30 @@ class ServeConfigError(Exception):
 
 
 def resolve_checkpoint(config: ServerConfig) -> Path:
+    """The checkpoint directory to serve; ``config.model`` becomes the plugin's name.
+
+    ``config.model`` may be a name or alias (weights from ``--weights`` or
+    ``--random-weights``), or a checkpoint directory or Hub repo id, which is then the
+    checkpoint too unless ``--weights`` names another."""
     from mstar.engine.engine import random_weights_dir
+    from mstar.hub import checkpoint_dir
+    from mstar.plugins.discovery import resolve_model
     from mstar.plugins.loading import load_model
 
     if config.weights and config.random_weights:
         raise ValueError("give either --weights DIR or --random-weights, not both")
+    target = config.model
+    installed = resolve_model(target, config.revision)
+    config.model = installed.name
+    names_model = target in (installed.name, *installed.aliases)
     if config.weights:
-        path = Path(config.weights)
-        if not path.is_dir():
-            raise ValueError(f"--weights {path}: no such directory")
-        return path
+        return checkpoint_dir(config.weights, config.revision)
+    if not names_model:
+        if config.random_weights:
+            raise ValueError(f"--random-weights serves the plugin's own tiny checkpoint; {target} is a checkpoint: drop one of them")
+        return checkpoint_dir(target, config.revision)
     if not config.random_weights:
-        raise ValueError("give --weights DIR (a checkpoint directory) or --random-weights")
+        raise ValueError("give --weights DIR (a checkpoint directory or Hugging Face repo id) or --random-weights")
     loaded = load_model(config.model)
     path = random_weights_dir(loaded.spec.name, loaded)
     banner = RANDOM_WEIGHTS_BANNER.format(model=loaded.spec.name, path=path)
@@ -90,13 +103,27 @@ def _draining_server_class() -> type:
     return DrainingServer
 
 
+def _announcing(base: type, summary: Callable[[str], str]) -> type:
+    """``base`` (a uvicorn server class) printing ``summary(url)`` once its port is bound."""
+
+    class AnnouncingServer(base):
+        async def startup(self, sockets: list | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and not self.should_exit:
+                host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+                print(summary(f"http://{host}:{self.config.port}"), file=sys.stderr, flush=True)
+
+    return AnnouncingServer
+
+
 def run_server(config: ServerConfig) -> int:
     import uvicorn
 
     from mstar.server.app import create_app
+    from mstar.server.ready_summary import ready_summary
     from mstar.server.runtime import ServerRuntime
 
-    DrainingServer = _draining_server_class()  # noqa: N806 (a class, built lazily with uvicorn)
+    DrainingServer = _announcing(_draining_server_class(), lambda url: ready_summary(runtime, url))  # noqa: N806 (a class, built lazily with uvicorn)
 
     _exit_cleanly_on_signals()
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)

@@ -1,0 +1,32 @@
+"""The one line ``mstar serve`` prints when it is ready to take requests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def kv_capacity_tokens(runtime: Any) -> dict[str, int]:
+    """Tokens each KV-cache node can hold (blocks x block size), from the engines' reports."""
+    from mstar.engine.builder import EngineConfig
+
+    block_size = int(runtime.config.engine_options.get("block_size", EngineConfig.block_size))
+    out: dict[str, int] = {}
+    for engine in runtime.engines.values():
+        for kv in engine.stats.kv if engine.stats is not None else ():
+            out[kv.node] = kv.total_blocks * block_size
+    return out
+
+
+def ready_summary(runtime: Any, url: str) -> str:
+    """``model ... | placement ... | KV capacity ... | URL`` in one line."""
+    installed = runtime.loaded.installed
+    names = sorted(runtime.served_names() - {runtime.model_name})
+    model = f"{runtime.model_name}" + (f" (also {', '.join(names)})" if names else "")
+    groups = "; ".join(
+        f"{g.name}: {', '.join(g.nodes)} on {g.device}" for g in runtime.placement.groups
+    )
+    kv = ", ".join(f"{node} {tokens:,} tokens" for node, tokens in kv_capacity_tokens(runtime).items()) or "none"
+    return (
+        f"mstar serve ready: model {model} [{installed.distribution} {installed.version}] from {runtime.checkpoint_dir} | "
+        f"placement {groups} | KV capacity {kv} | {url}"
+    )
