@@ -58,7 +58,8 @@ class ServerRuntime:
         self.checkpoint_dir = checkpoint_dir
         self.loaded, self.adapter = load_adapter(config.model, checkpoint_dir)
         self.spec = self.loaded.spec
-        self.model_name = self.spec.name
+        # The name in the API (--served-model-name); engines and plugins use the spec's.
+        self.model_name = config.served_model_names[0] if config.served_model_names else self.spec.name
         self.model_config = self.spec.load_config(checkpoint_dir)
         self.graph = self.spec.build_graph(self.model_config)
         self.node_samplers = self.loaded.hook.mstar_node_samplers(config=self.model_config) or {}
@@ -68,7 +69,7 @@ class ServerRuntime:
         self.created = int(time.time())
         self.metrics = ServerMetrics()
         self.admission = Admission(config.max_concurrency, config.max_queue, self._admission_changed)
-        self.preprocess = PreprocessPool(self.model_name, checkpoint_dir, self.adapter, self.loaded.hook, config.preprocess_workers)
+        self.preprocess = PreprocessPool(self.spec.name, checkpoint_dir, self.adapter, self.loaded.hook, config.preprocess_workers)
         # A per-server prefix: shared-memory segments and sockets of this server only.
         self.token = secrets.token_hex(4)
         self.shm_prefix = f"mstar_{self.token}_"
@@ -90,7 +91,7 @@ class ServerRuntime:
 
     # ---- identity -------------------------------------------------------------------------
     def served_names(self) -> set[str]:
-        return {self.model_name, *self.spec.aliases}
+        return set(self.config.served_model_names) or {self.spec.name, *self.spec.aliases}
 
     def check_model(self, name: str) -> None:
         if name not in self.served_names():
@@ -159,7 +160,7 @@ class ServerRuntime:
         generation = self.supervisor.restarts(name)
         spec = EngineProcessSpec(
             name=group.name,
-            model=self.model_name,
+            model=self.spec.name,
             checkpoint_dir=str(self.checkpoint_dir),
             nodes=list(group.nodes),
             device=group.device,
