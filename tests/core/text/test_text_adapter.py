@@ -48,3 +48,9 @@ def test_text_decoder_is_exact_and_skips_specials(adapter) -> None:
     decoder = adapter.text_decoder()
     text = "".join(decoder.decode(torch.tensor([i])) for i in ids) + decoder.flush()
     assert text == tok.decode(ids, skip_special_tokens=True) == "naïve 🙂 café"
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_fails_at_start(tmp_path) -> None:
+    write_tiny_tokenizer(tmp_path)
+    with pytest.raises(ValueError, match="has 384 tokens, more than the model's vocab_size 300"):
+        TextLMAdapter(tmp_path, {"vocab_size": 300, "max_position_embeddings": 64})

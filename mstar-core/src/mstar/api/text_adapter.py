@@ -58,7 +58,12 @@ class TextLMAdapter(ApiAdapter):
         self.vocab_size = int(config["vocab_size"])
         self.max_len = int(config["max_position_embeddings"])
         self._renderer: TokenRenderer | None = None
-        self.tokenizer  # noqa: B018  (load now: a missing tokenizer fails at start-up)
+        # Load now: a missing or mismatched tokenizer fails at start-up, not on a request.
+        if len(self.tokenizer) > self.vocab_size:
+            raise ValueError(
+                f"the tokenizer in {self.checkpoint_dir} has {len(self.tokenizer)} tokens, more than "
+                f"the model's vocab_size {self.vocab_size}"
+            )
 
     @property
     def tokenizer(self) -> Any:
