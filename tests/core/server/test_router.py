@@ -134,3 +134,18 @@ def test_64_bit_integers_still_pass(setup):
     router, engines, _ = setup
     router.submit("r", {}, {"lm": {"main": {"seed": 2**64 - 1}}}, {"x": -(2**63)}, None)
     assert all(isinstance(e.sent[0], AddRequest) for e in engines.values())
+
+
+def test_output_beyond_the_buffer_limit_aborts_and_drops_it():
+    engines = {"a": FakeEngine("a")}
+    codec = TensorCodec("mstar_routertest_", threshold=1 << 20)
+    router = Router(engines, {}, codec, max_buffer_bytes=100)
+    stream = router.submit("r", {}, {}, {}, None)
+    router.on_events("a", [Event("r", "audio", codec.encode(torch.ones(20)))])  # 80 bytes: kept
+    assert stream.buffered == 80 and not stream.done
+    taken = asyncio.run(stream.next_batch())
+    assert len(taken) == 1 and stream.buffered == 0  # read: the budget is free again
+    router.on_events("a", [Event("r", "audio", codec.encode(torch.ones(20))), Event("r", "audio", codec.encode(torch.ones(20)))])
+    (fin,) = drain(stream)  # the queued audio is dropped, only the error is left
+    assert fin.reason == "error" and fin.status == 408 and fin.code == "output_buffer_full"
+    assert isinstance(engines["a"].sent[-1], AbortRequest) and "r" not in router.streams

@@ -71,6 +71,9 @@ class Execution:
             if self._closed:  # the client left while we were preparing
                 raise ApiError(499, "client closed the request")
             self._stream = self.rt.router.submit(self.request_id, inputs, configs, self.engine_request.kwargs, signals)
+            # Out of the engines (finished, failed, aborted): its slot is free for the next
+            # request at once, even while its response still waits for a slow client.
+            self._stream.on_finish = self._release_admission
             timeout = self.rt.config.request_timeout_s
             if timeout:
                 self._timer = asyncio.get_running_loop().call_later(
@@ -118,6 +121,9 @@ class Execution:
             if not self._stream.done:
                 self.rt.router.abort(self.request_id)
             self.rt.metrics.finished.labels(self.finish_reason or "abort").inc()
+        self._release_admission()
+
+    def _release_admission(self) -> None:
         if self._admitted:
             self._admitted = False
             self.rt.admission.release()

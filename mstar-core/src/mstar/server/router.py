@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,9 +91,10 @@ def engine_failure(error: str | None, error_type: str | None) -> Finished:
 
 
 class RequestStream:
-    """One request's outputs: ``(signal, tensor)`` items, then one ``Finished``."""
+    """One request's outputs: ``(signal, tensor)`` items, then one ``Finished``.
+    ``buffered`` counts the tensor bytes queued and not yet taken by the response."""
 
-    __slots__ = ("request_id", "queue", "pending", "reason", "done")
+    __slots__ = ("request_id", "queue", "pending", "reason", "done", "buffered", "on_finish")
 
     def __init__(self, request_id: str, engines: set[str]) -> None:
         self.request_id = request_id
@@ -100,26 +102,44 @@ class RequestStream:
         self.pending = set(engines)
         self.reason = "stop"
         self.done = False
+        self.buffered = 0
+        self.on_finish: Callable[[], None] | None = None  # called once, when it ends
 
-    def finish(self, fin: Finished) -> None:
+    def put(self, signal: str, value: torch.Tensor) -> None:
+        self.buffered += value.nbytes
+        self.queue.put_nowait((signal, value))
+
+    def finish(self, fin: Finished, drop_queued: bool = False) -> None:
         if not self.done:
             self.done = True
+            if drop_queued:  # nobody will read them: free them now
+                while not self.queue.empty():
+                    self.queue.get_nowait()
+                self.buffered = 0
             self.queue.put_nowait(fin)
+            if self.on_finish is not None:
+                self.on_finish()
 
     async def next_batch(self) -> list[tuple[str, torch.Tensor] | Finished]:
         """Everything queued (at least one item): lets a slow consumer coalesce."""
         items = [await self.queue.get()]
         while not self.queue.empty():
             items.append(self.queue.get_nowait())
+        self.buffered = 0
         return items
 
 
 class Router:
-    def __init__(self, engines: dict[str, EngineHandle], stream_routes: dict[str, str], codec: TensorCodec) -> None:
+    def __init__(
+        self, engines: dict[str, EngineHandle], stream_routes: dict[str, str], codec: TensorCodec, max_buffer_bytes: int | None = None
+    ) -> None:
         self.engines = engines
         self.stream_routes = stream_routes
         self.codec = codec
         self.streams: dict[str, RequestStream] = {}
+        # Output bytes a request may have waiting for a client that does not read; beyond
+        # it the request is aborted (its cache freed) instead of growing memory without end.
+        self.max_buffer_bytes = max_buffer_bytes
 
     def submit(
         self,
@@ -169,7 +189,9 @@ class Router:
             elif ev.finished:
                 self._engine_finished(stream, engine, ev)
             elif ev.value is not None and ev.signal is not None:
-                stream.queue.put_nowait((ev.signal, self.codec.decode(ev.value)))
+                stream.put(ev.signal, self.codec.decode(ev.value))
+                if self.max_buffer_bytes is not None and stream.buffered > self.max_buffer_bytes:
+                    self._slow_reader(stream)
 
     def _forward(self, stream: RequestStream, ev: Event) -> None:
         target = self.stream_routes.get(ev.signal or "")
@@ -197,6 +219,12 @@ class Router:
         elif not stream.pending:
             self.streams.pop(stream.request_id, None)
             stream.finish(Finished(stream.reason))
+
+    def _slow_reader(self, stream: RequestStream) -> None:
+        log.warning("request %s: its client is not reading (%d bytes of output waiting); aborting it", stream.request_id, stream.buffered)
+        message = f"the client did not read its response: more than {self.max_buffer_bytes} bytes of output waited; the request was aborted"
+        stream.finish(Finished("error", message, 408, "output_buffer_full"), drop_queued=True)
+        self.abort(stream.request_id)
 
     def engine_down(self, name: str, reason: str) -> None:
         """Fail, promptly, every request the engine held."""

@@ -79,7 +79,7 @@ class ServerRuntime:
         self.zctx = zmq.Context()
         self.actx = zmq.asyncio.Context()
         self.engines: dict[str, EngineHandle] = {}
-        self.router = Router(self.engines, self.placement.stream_routes(self.graph), self.codec)
+        self.router = Router(self.engines, self.placement.stream_routes(self.graph), self.codec, config.max_stream_buffer_bytes)
         self._reports: Any = None
         self._receiver: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None
