@@ -164,7 +164,7 @@ def main() -> None:
     size = SIZES[args.size]
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     ckpt = write_checkpoint(Path(tempfile.mkdtemp(prefix="qwen3omni-bench-")), size["text"], size["audio"], size["vision"],
-                            dtype=dtype)
+                            dtype=dtype, processor=False)
     config = json.loads((ckpt / "config.json").read_text())
     hf = Qwen3OmniMoeForConditionalGeneration.from_pretrained(ckpt, dtype=dtype).thinker.to(args.device).eval()
     engine = Engine.from_model("qwen3omni", weights=ckpt, device=args.device, kv_budget_bytes=2 << 30, max_num_seqs=64)

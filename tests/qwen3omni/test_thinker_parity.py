@@ -82,9 +82,13 @@ def test_greedy_ids_equal_transformers_generate(omni_ckpt, omni_engines, cases, 
     assert ours == hf_greedy(omni_ckpt, case, STEPS)
 
 
-def test_moe_routing_and_output_equal_transformers(omni_ckpt):
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped-mm", "per-expert"])
+def test_moe_routing_and_output_equal_transformers(omni_ckpt, monkeypatch, grouped):
     """Expert choice, routing weights and the block's output against transformers' sparse
-    MoE block of the same layer, on the same hidden states."""
+    MoE block of the same layer, on the same hidden states (both expert paths)."""
+    from mstar_qwen3omni.moe import SparseMoeBlock
+
+    monkeypatch.setattr(SparseMoeBlock, "_use_grouped", lambda self, x: grouped)
     from mstar_qwen3omni.config import load_config
     from mstar_qwen3omni.loading import build_thinker
 

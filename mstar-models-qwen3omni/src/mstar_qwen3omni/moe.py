@@ -1,5 +1,9 @@
 """The Thinker's sparse MoE block: top-k softmax routing, then each expert runs once over
-the tokens routed to it (tokens sorted by expert; results scattered back with index_add)."""
+the tokens routed to it (tokens sorted by expert; results scattered back with index_add).
+
+The experts run as two grouped matrix products over the sorted tokens (``torch._grouped_mm``,
+no host sync), or, where that kernel is missing or the sizes break its 16-byte alignment, as
+one product per expert that received tokens."""
 
 from __future__ import annotations
 
@@ -35,14 +39,26 @@ class SparseMoeBlock(nn.Module):
         token = order // self.top_k  # the token of each (sorted) assignment
         routed = x.index_select(0, token)
         scale = weights.reshape(-1).index_select(0, order)[:, None]
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # one host sync per block
-        out = torch.empty_like(routed)
-        start = 0
-        for e, n in enumerate(counts):
-            if n:
-                h = routed[start : start + n]
-                gate, up = F.linear(h, self.gate_up[e]).chunk(2, dim=-1)
-                out[start : start + n] = F.linear(F.silu(gate) * up, self.down[e])
-                start += n
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        out = self._grouped(routed, counts) if self._use_grouped(x) else self._per_expert(routed, counts)
         result = torch.zeros_like(x)
         return result.index_add_(0, token, out * scale)
+
+    def _use_grouped(self, x: torch.Tensor) -> bool:
+        aligned = all((n * x.element_size()) % 16 == 0 for n in (x.shape[-1], self.intermediate))
+        return aligned and hasattr(torch, "_grouped_mm") and x.dtype == self.gate_up.dtype
+
+    def _grouped(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        ends = torch.cumsum(counts, 0).to(torch.int32)
+        gate, up = torch._grouped_mm(routed, self.gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+        return torch._grouped_mm(F.silu(gate) * up, self.down.transpose(1, 2), offs=ends)
+
+    def _per_expert(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(routed)
+        start = 0
+        for e, n in enumerate(counts.tolist()):  # one host sync per block
+            if n:
+                gate, up = F.linear(routed[start : start + n], self.gate_up[e]).chunk(2, dim=-1)
+                out[start : start + n] = F.linear(F.silu(gate) * up, self.down[e])
+                start += n
+        return out

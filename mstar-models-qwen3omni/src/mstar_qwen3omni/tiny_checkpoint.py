@@ -62,15 +62,15 @@ def write_checkpoint(
     seed: int = 0,
     max_image_tokens: int = 16,
     dtype: Any = None,
+    processor: bool = True,
 ) -> Path:
     """Write the checkpoint into ``path`` (created); ``text``/``audio``/``vision`` override
     entries of the tiny configs; the image processor resizes images to at most
     ``max_image_tokens`` LLM tokens; ``dtype`` (a torch dtype) casts the weights, float32
-    by default. Returns ``path``."""
+    by default; ``processor=False`` leaves out preprocessor_config.json. Returns ``path``."""
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
-    from mstar_qwen3omni.processing import write_preprocessor_config
     from mstar_qwen3omni.tiny_tokenizer import write_tokenizer
 
     path = Path(path)
@@ -92,13 +92,20 @@ def write_checkpoint(
         model = model.to(dtype)
     model.save_pretrained(path)
     write_tokenizer(path)
+    if processor:
+        _write_processor_config(path, audio_cfg, vision_cfg, max_image_tokens)
+    (path / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": EOS_TOKEN_IDS, "pad_token_id": 151643}, indent=2)
+    )
+    return path
+
+
+def _write_processor_config(path: Path, audio_cfg: dict[str, Any], vision_cfg: dict[str, Any], max_image_tokens: int) -> None:
+    from mstar_qwen3omni.processing import write_preprocessor_config
+
     factor = vision_cfg["patch_size"] * vision_cfg["spatial_merge_size"]
     write_preprocessor_config(
         path, patch_size=vision_cfg["patch_size"], temporal_patch_size=vision_cfg["temporal_patch_size"],
         merge_size=vision_cfg["spatial_merge_size"], num_mel_bins=audio_cfg["num_mel_bins"],
         min_pixels=factor**2, max_pixels=max_image_tokens * factor**2,
     )
-    (path / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": EOS_TOKEN_IDS, "pad_token_id": 151643}, indent=2)
-    )
-    return path
