@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from mstar.layers import load_safetensors
+from safetensors.torch import save_file
 from torch import nn
 
 from mstar_toy.config import DEFAULT_CONFIG
@@ -38,10 +39,25 @@ def write_checkpoint(path: Path, seed: int = 0, **overrides: Any) -> Path:
 
 
 def load_weights(module: nn.Module, checkpoint_dir: Path, prefix: str) -> None:
-    """Strict: missing or unexpected keys raise one error listing them."""
-    state = {k[len(prefix) :]: v for k, v in load_file(str(Path(checkpoint_dir) / WEIGHTS)).items() if k.startswith(prefix)}
-    expected = set(module.state_dict())
-    missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
-    if missing or unexpected:
-        raise ValueError(f"{checkpoint_dir}/{WEIGHTS} ({prefix}*): missing keys {missing}, unexpected keys {unexpected}")
-    module.load_state_dict(state)
+    """Strict (``mstar.layers.load_safetensors``): missing or unexpected keys raise one error."""
+    load_safetensors(module, checkpoint_dir, prefix)
+
+
+def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> nn.Module:
+    """Node ``lm``'s factory: random init without a checkpoint."""
+    from mstar_toy.lm import ToyLM
+
+    lm = ToyLM(config)
+    if checkpoint_dir is not None:
+        load_weights(lm, checkpoint_dir, "lm.")
+    return lm.to(device)
+
+
+def build_decoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> nn.Module:
+    """Node ``decoder``'s factory."""
+    from mstar_toy.decoder import ToyDecoder
+
+    dec = ToyDecoder(config)
+    if checkpoint_dir is not None:
+        load_weights(dec, checkpoint_dir, "decoder.")
+    return dec.to(device)

@@ -108,8 +108,7 @@ class ToyLM(ARNodeSubmodule):
     def forward_batched(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, input_ids: torch.Tensor) -> BatchedModelOutput:
         hidden = self.hidden_states(input_ids, engine_inputs)
         last = hidden[engine_inputs.last_token_index.long()]
-        runner = engine_inputs.piecewise_runners.get("head")
-        out = runner({"hidden": last}) if runner is not None else self.sample_head({"hidden": last}, engine_inputs.sampler)
+        out = engine_inputs.run_region("head", self.sample_head, {"hidden": last})
         codes = torch.stack([out["token"], out["residual"]], dim=-1)
         rows = {"token": out["token"][:, None], "codes": codes[:, None, :]}
         # Only when a row asked: an output per row and step costs every request.

@@ -1,4 +1,9 @@
-"""The toy model's hook implementations (entry point ``toy`` in ``mstar.models``)."""
+"""The toy model's hook implementations (entry point ``toy`` in ``mstar.models``).
+
+Its name, alias and architecture live in the entry points (pyproject.toml); this module
+declares how to build it. Everything heavy is imported lazily, so listing and loading the
+plugin imports no torch.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from mstar import hookimpl
-from mstar.graph import (
-    EngineKind,
-    FixedChunks,
-    GraphSpec,
-    LeftContextChunks,
-    LinearWalks,
-    Loop,
-    NodeSpec,
-    Signal,
-    SlidingWindowChunks,
-    Step,
-    StreamingEdge,
-    Walk,
-)
-from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig
+from mstar.graph import FixedChunks, GraphSpec, LeftContextChunks, Signal, SlidingWindowChunks
+from mstar.graph.shapes import prefill_decode_mixing, streaming_lm_graph
+from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig, lazy
 
-from mstar_toy.config import ARCHITECTURE, load_config
+from mstar_toy.config import load_config
 
-MODEL_NAME = "toy"
+# The toy LM's logprob signals (mstar.api.adapter's convention), emitted when a row asks.
+LOGPROB_SIGNALS = ("logprob", "top_logprob_ids", "top_logprob_values")
 
 
 def chunk_policy(stream: dict[str, Any]) -> Any:
@@ -39,58 +33,21 @@ def chunk_policy(stream: dict[str, Any]) -> Any:
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
-    from mstar_toy.lm import LOGPROB_SIGNALS
-
-    lm_outputs = ("token", "codes", *LOGPROB_SIGNALS)
-    lm_step = Step("lm", inputs=("token",), outputs=lm_outputs)
-    return GraphSpec(
-        nodes={"lm": NodeSpec("lm", EngineKind.KV_CACHE), "decoder": NodeSpec("decoder", EngineKind.STATELESS)},
+    """``lm`` samples a byte token and a residual code per step; the (token, code) pairs
+    stream into ``decoder``, which turns each chunk into audio."""
+    return streaming_lm_graph(
+        lm="lm",
+        decoder="decoder",
+        request_inputs=("prompt_ids",),
+        step_inputs=("token",),
+        lm_outputs=("token", "codes", *LOGPROB_SIGNALS),
+        stream="codes",
+        chunk_policy=chunk_policy(config["stream"]),
+        chunk_inputs=("code_chunk", "code_context"),
         signals={
             "token": Signal("token", to_client=True, persist=True),
-            # Emitted only for requests that asked for logprobs (mstar.api.adapter's convention).
             **{name: Signal(name, to_client=True) for name in LOGPROB_SIGNALS},
-            "codes": Signal(
-                "codes",
-                stream=StreamingEdge("audio", "code_chunk", chunk_policy(config["stream"]), "code_context"),
-            ),
-            "audio": Signal("audio", to_client=True),
         },
-        walks={
-            "prefill": Walk("prefill", "lm", Step("lm", inputs=("prompt_ids",), outputs=lm_outputs)),
-            "decode": Walk("decode", "lm", Loop("decode_loop", lm_step, stop_on=("lm",))),
-            "vocode": Walk(
-                "vocode",
-                "audio",
-                Loop(
-                    "vocode_loop",
-                    Step("decoder", inputs=("code_chunk", "code_context"), outputs=("audio",)),
-                    until_stream_closed="codes",
-                ),
-            ),
-        },
-        state_machine=LinearWalks({"lm": ("prefill", "decode"), "audio": ("vocode",)}),
-        request_inputs=("prompt_ids",),
-    )
-
-
-def _write_tiny(path: Path) -> None:
-    from mstar_toy.checkpoint import write_checkpoint
-
-    write_checkpoint(path)
-
-
-@hookimpl
-def mstar_model_spec() -> ModelSpec:
-    return ModelSpec(
-        name=MODEL_NAME,
-        aliases=("toy-lm",),
-        architectures=(ARCHITECTURE,),
-        load_config=load_config,
-        build_graph=build_graph,
-        write_tiny_checkpoint=_write_tiny,
-        default_placement={"lm": "0", "decoder": "0"},
-        max_model_len=lambda cfg: cfg["max_position_embeddings"],
-        example_requests=_example_requests,
     )
 
 
@@ -103,29 +60,20 @@ def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"inputs": {"prompt_ids": ids}, "sampling": {"main": {"temperature": 0, "max_tokens": 4, "ignore_eos": True}}}]
 
 
-def _build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
-    from mstar_toy.checkpoint import load_weights
-    from mstar_toy.lm import ToyLM
-
-    lm = ToyLM(config)
-    if checkpoint_dir is not None:
-        load_weights(lm, checkpoint_dir, "lm.")
-    return lm.to(device)
-
-
-def _build_decoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
-    from mstar_toy.checkpoint import load_weights
-    from mstar_toy.decoder import ToyDecoder
-
-    dec = ToyDecoder(config)
-    if checkpoint_dir is not None:
-        load_weights(dec, checkpoint_dir, "decoder.")
-    return dec.to(device)
+@hookimpl
+def mstar_model_spec() -> ModelSpec:
+    return ModelSpec(
+        load_config=load_config,
+        build_graph=build_graph,
+        write_tiny_checkpoint=lazy("mstar_toy.checkpoint:write_checkpoint"),
+        default_placement={"lm": "0", "decoder": "0"},
+        example_requests=_example_requests,
+    )
 
 
 @hookimpl
 def mstar_node_factories(config: dict) -> dict[str, Any]:
-    return {"lm": _build_lm, "decoder": _build_decoder}
+    return {"lm": lazy("mstar_toy.checkpoint:build_lm"), "decoder": lazy("mstar_toy.checkpoint:build_decoder")}
 
 
 @hookimpl
@@ -148,7 +96,7 @@ def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
 
 @hookimpl
 def mstar_mixed_batch_configs(model_name: str, config: dict) -> list[MixedBatchConfig]:
-    return [MixedBatchConfig(node="lm", walks=("prefill", "decode"), merged_walk="mixed", max_rows={"prefill": 4})]
+    return prefill_decode_mixing("lm")
 
 
 @hookimpl

@@ -17,7 +17,7 @@ ModelConfig = dict[str, Any]
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Who a model is and how to build it.
+    """How to build a model (who it is comes from its entry points).
 
     ``load_config(dir)`` reads the checkpoint's config (never hard-coded sizes);
     ``build_graph(config)`` returns its walk graph; ``write_tiny_checkpoint(dir)`` writes a
@@ -26,18 +26,40 @@ class ModelSpec:
     ``mstar check-plugin`` fails when one is missing. ``example_requests(config)`` returns
     requests (``Engine.add_request`` keyword dicts) that together run every walk once on
     the tiny config; the conformance kit runs them through the real engine.
+
+    ``name``, ``aliases`` and ``architectures`` are filled in at load time from the
+    distribution's entry points (``mstar.models``, ``mstar.model_aliases``,
+    ``mstar.model_architectures``), where discovery reads them without importing the
+    plugin. A plugin may leave them out; if it sets them, they must agree.
     """
 
-    name: str
     load_config: Callable[[Path], ModelConfig]
     build_graph: Callable[[ModelConfig], GraphSpec]
     write_tiny_checkpoint: Callable[[Path], None]
-    aliases: tuple[str, ...] = ()
-    architectures: tuple[str, ...] = ()
+    name: str = ""
+    aliases: tuple[str, ...] | None = None
+    architectures: tuple[str, ...] | None = None
     default_placement: Mapping[str, str] = field(default_factory=dict)
     shipped_files: tuple[Path, ...] = ()
     max_model_len: Callable[[ModelConfig], int] | None = None
     example_requests: Callable[[ModelConfig], list[dict[str, Any]]] | None = None
+
+
+def lazy(target: str) -> Callable[..., Any]:
+    """``"package.module:function"`` as a callable that imports its module on first call,
+    so a plugin module stays cheap to import (no torch at import time) without a wrapper
+    function per hook value: ``write_tiny_checkpoint=lazy("mstar_toy.checkpoint:write_checkpoint")``."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"lazy target {target!r} must look like 'package.module:function'")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(module_name), attr)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = f"lazy({target})"
+    return call
 
 
 NodeFactory = Callable[[ModelConfig, Path | None, str], "NodeSubmodule"]

@@ -130,6 +130,14 @@ class ModelInputsFromEngine:
     sampler: BatchSampler | None = None  # the batch's gathered sampler
     piecewise_runners: dict[str, RegionRunner] = field(default_factory=dict)
 
+    def run_region(
+        self, label: str, fn: Callable[[dict[str, torch.Tensor], Any], dict[str, Any]], static_inputs: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        """Run the piecewise region ``label`` (``fn`` is its ``capture_fn``): through its
+        runner when the engine built one, else ``fn`` directly with the batch's sampler."""
+        runner = self.piecewise_runners.get(label)
+        return runner(static_inputs) if runner is not None else fn(static_inputs, self.sampler)
+
     @property
     def last_token_index(self) -> torch.Tensor:
         """[B] index of each row's last new token in the flat token dim."""

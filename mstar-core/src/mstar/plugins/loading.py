@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -232,7 +232,7 @@ class ModelLoader:
                 f"{self.model_label}: mstar_model_spec() returned {type(spec).__name__}, "
                 "expected a mstar.model.spec.ModelSpec"
             )
-        if spec.name != m.name:
+        if spec.name and spec.name != m.name:
             raise SpecMismatchError(
                 f"{self.model_label}: its ModelSpec is named {spec.name!r} but its "
                 f"{MODELS_GROUP} entry point names the model {m.name!r}"
@@ -242,12 +242,13 @@ class ModelLoader:
             ("architectures", ARCHITECTURES_GROUP, m.architectures),
         ):
             in_spec = getattr(spec, field)
-            if set(in_spec) != set(declared):
+            if in_spec is not None and set(in_spec) != set(declared):
                 raise SpecMismatchError(
                     f"{self.model_label}: ModelSpec {field} [{quoted_list(in_spec)}] differ from "
                     f"the {group} entry points [{quoted_list(declared)}]"
                 )
-        self._spec = spec
+        # The entry points are the identity: the spec carries it from here on.
+        self._spec = replace(spec, name=m.name, aliases=tuple(m.aliases), architectures=tuple(m.architectures))
 
 
 def _import(group: str, name: str, value: str, label: str) -> Any:
