@@ -128,3 +128,15 @@ def test_a_frame_cut_by_chunked_prefill_fails_loudly(ref):
     with Engine.from_model("vjepa2-ac", weights=CKPT, max_num_batched_tokens=20) as eng:
         (out,) = eng.run_batch([_rollout_request(ref, 0)])
     assert out.error is not None and "chunked prefill" in out.error
+
+
+def test_preempted_rollouts_replay_to_the_same_predictions(ref):
+    # 8 blocks of 16 positions hold fewer frames than two rollouts need at once: one is
+    # preempted, its frames are replayed from its history, and nothing changes.
+    want = ref["rollout_out"]
+    with Engine.from_model("vjepa2-ac", weights=CKPT, kv_budget_bytes=8 * 16 * 2 * 2 * 48 * 4, block_size=16) as eng:
+        outs = eng.run_batch([_rollout_request(ref, b) for b in range(want.shape[0])])
+        assert eng.stats()["preemptions"] > 0
+    for b, out in enumerate(outs):
+        assert out.error is None, out.error
+        assert (torch.cat(out.signals["prediction"]) - want[b]).abs().max().item() < TOL

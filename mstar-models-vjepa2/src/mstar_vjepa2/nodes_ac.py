@@ -140,7 +140,7 @@ class ACPredictorNode(ARNodeSubmodule):
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
         cfg = self.cfg
-        tpf, n = cfg.tokens_per_frame, cfg.patches
+        n = cfg.patches
         latents = signals["latents"]
         if latents.dim() != 2 or latents.shape[0] % n or latents.shape[1] != cfg.embed_dim:
             raise ValueError(f"latents: expected [frames·{n}, {cfg.embed_dim}], got {list(latents.shape)}")
@@ -149,12 +149,13 @@ class ACPredictorNode(ARNodeSubmodule):
         horizon = actions.shape[0] - tc + 1
         if tc - 1 + horizon > self.max_frames:
             raise ValueError(f"actions: a rollout of {tc} context + {horizon} predicted frames exceeds {self.max_frames} frames")
-        cached = info.num_computed_tokens // tpf
-        if cached == 0:  # the context frames
+        # Which frame this step adds follows from the walk's progress, never from the cache
+        # (a preempted request has an empty cache until its frames are replayed).
+        if "prediction" not in signals:  # the first step: the context frames
             rows = self._frame_tokens(latents.view(tc, n, -1), actions[:tc], states[:tc])
             done = 1
-        else:  # the previous prediction, fed back as frame `cached`
-            t = cached
+        else:  # the previous prediction, fed back as frame t
+            t = tc + info.iteration
             pred = signals["prediction"].view(1, n, -1)
             rows = self._frame_tokens(pred, actions[t : t + 1], state_at(states, actions, t)[None])
             done = t - tc + 2
