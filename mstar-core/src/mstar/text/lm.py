@@ -14,8 +14,10 @@ Off by default; other rows of the batch get nothing.
 
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,6 +63,16 @@ def text_lm_graph(node: str = "lm") -> GraphSpec:
 def text_lm_mixed_batches(node: str = "lm") -> list[MixedBatchConfig]:
     """Prefill and decode rows in one forward (continuous batching)."""
     return [MixedBatchConfig(node=node, walks=(PREFILL, DECODE), merged_walk=MIXED)]
+
+
+def load_text_config(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """``config.json``, with ``generation_config.json`` (if present) under key
+    ``generation_config``: HF generate's defaults and end ids live there."""
+    config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    generation = Path(checkpoint_dir) / "generation_config.json"
+    if generation.is_file():
+        config["generation_config"] = json.loads(generation.read_text())
+    return config
 
 
 def eos_token_ids(config: Mapping[str, Any]) -> tuple[int, ...]:
