@@ -84,15 +84,29 @@ def eos_token_ids(config: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty")
+
+
+def generation_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Sampling defaults the checkpoint's ``generation_config`` sets (greedy when it says
+    ``do_sample: false``)."""
+    gen = config.get("generation_config") or {}
+    out = {k: gen[k] for k in GENERATION_DEFAULTS if gen.get(k) is not None}
+    if gen.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return out
+
+
 def text_lm_samplers(config: Mapping[str, Any], node: str = "lm", **defaults: Any) -> dict[str, NodeSamplers]:
     """The node's sampling declaration: vocabulary, EOS stop ids, penalties over the
-    prompt, ``defaults`` as the main sampler's defaults (e.g. ``max_tokens``)."""
+    prompt; main defaults from the checkpoint's generation config, then ``defaults``
+    (e.g. ``max_tokens``)."""
     from mstar.sampling import SamplingParams
 
     return {
         node: NodeSamplers(
             vocab_size=int(config["vocab_size"]),
-            main=SamplingParams(**defaults),
+            main=SamplingParams(**{**generation_defaults(config), **defaults}),
             stop_token_ids=eos_token_ids(config),
             prompt_signal=PROMPT,
         )
