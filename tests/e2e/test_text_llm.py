@@ -103,13 +103,13 @@ def test_greedy_ids_and_logits_equal_transformers(plugin, ckpt, hf, tok) -> None
     steps = 10
     # A 16-token budget: the long prompt is prefilled in chunks beside the others' decode.
     with Engine.from_model(MODEL, weights=ckpt, max_num_batched_tokens=16) as engine:
-        outs = engine.run_batch([
-            {"inputs": {"prompt_ids": torch.tensor(tok.encode(p))}, "kwargs": {"return_logits": True},
-             "sampling": {"temperature": 0, "max_tokens": steps, "ignore_eos": True}}
-            for p in prompts
+        *outs, plain = engine.run_batch([
+            *({"inputs": {"prompt_ids": torch.tensor(tok.encode(p))}, "kwargs": {"return_logits": True},
+               "sampling": {"temperature": 0, "max_tokens": steps, "ignore_eos": True}} for p in prompts),
+            # In the same batches, without the option.
+            {"inputs": {"prompt_ids": torch.tensor(tok.encode(prompts[0]))},
+             "sampling": {"temperature": 0, "max_tokens": steps, "ignore_eos": True}},
         ])
-        plain = engine.run_batch([{"inputs": {"prompt_ids": torch.tensor(tok.encode(prompts[0]))},
-                                   "sampling": {"temperature": 0, "max_tokens": 2, "ignore_eos": True}}])[0]
     for p, out in zip(prompts, outs, strict=True):
         want_ids, want_logits = hf_greedy(hf, tok.encode(p), steps, eos=False)
         assert out.error is None and out.finish_reason == "length"
@@ -118,6 +118,7 @@ def test_greedy_ids_and_logits_equal_transformers(plugin, ckpt, hf, tok) -> None
         assert got_logits.shape == want_logits.shape
         torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
     assert "logits" not in plain.signals  # off unless asked
+    assert plain.cat("tokens").tolist() == outs[0].cat("tokens").tolist()
 
 
 # ---- over HTTP ------------------------------------------------------------------------------
