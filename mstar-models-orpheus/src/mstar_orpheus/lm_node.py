@@ -73,8 +73,7 @@ class OrpheusLM(ARNodeSubmodule):
         assert engine_inputs.positions is not None
         hidden = self.model(input_ids, engine_inputs.positions.to(input_ids.device), engine_inputs.attention)
         last = hidden[engine_inputs.last_token_index.long()]
-        runner = engine_inputs.piecewise_runners.get("head")
-        out = runner({"hidden": last}) if runner is not None else self.sample_head({"hidden": last}, engine_inputs.sampler)
+        out = engine_inputs.run_region("head", self.sample_head, {"hidden": last})
         token = out["token"]
         code, accepted = tokens_to_codes(token, audio_count, self.tokens.custom_token_base, self.codebook_size)
         self._advance_audio_counts(engine_inputs, (audio_count + accepted.long()).tolist())

@@ -1,0 +1,41 @@
+"""Node factories: build each node from the config, loading the checkpoint when given
+(random init without one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mstar_orpheus.config import SNAC_DIR
+
+
+def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+    import torch
+
+    from mstar_orpheus.config import lm_dtype
+    from mstar_orpheus.lm_node import OrpheusLM
+    from mstar_orpheus.weights import load_safetensors
+
+    dtype = lm_dtype(config, device)
+    if checkpoint_dir is None:
+        lm = OrpheusLM(config, dtype)
+        lm.init_random(float(config.get("initializer_range", 0.02)))
+        return lm.to(device=device, dtype=dtype)
+    with torch.device("meta"):  # no random init of weights about to be overwritten
+        lm = OrpheusLM(config, dtype).to(dtype)
+    lm = lm.to_empty(device=device)
+    # Derived buffers some exports carry, and a tied head's duplicate, are not loaded.
+    ignore = r"rotary_emb\.inv_freq$" + (r"|^lm_head\.weight$" if lm.tied else "")
+    load_safetensors(lm, checkpoint_dir, ignore=ignore, desc="orpheus LM")
+    return lm
+
+
+def build_snac(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+    from mstar_orpheus.snac_model import SnacDecoder
+    from mstar_orpheus.snac_node import SnacNode
+    from mstar_orpheus.weights import load_torch_bin
+
+    node = SnacNode(config["snac"])
+    if checkpoint_dir is not None:
+        load_torch_bin(node.snac, Path(checkpoint_dir) / SNAC_DIR / "pytorch_model.bin", ignore=SnacDecoder.UNUSED_KEYS)
+    return node.to(device)
