@@ -63,7 +63,9 @@ def test_sizes_come_from_the_config(omni_ckpt):
 
 
 def test_core_names_no_qwen3_omni():
-    pattern = re.compile(r"qwen3omni|qwen3_omni|qwen3-omni|Qwen3Omni", re.IGNORECASE)
-    hits = [f"{p.relative_to(CORE)}:{i}" for p in CORE.rglob("*") if p.is_file() and p.suffix in {".py", ".toml", ".md", ".yaml", ".txt"}
+    """Core's sources, metadata and docs never name the model (seed 001's review)."""
+    pattern = re.compile(r"qwen3 ?omni|qwen3_omni|qwen3-omni", re.IGNORECASE)
+    files = [*(CORE / "src").rglob("*.py"), CORE / "pyproject.toml", CORE / "README.md"]
+    hits = [f"{p.relative_to(CORE)}:{i}" for p in files if p.is_file()
             for i, line in enumerate(p.read_text(errors="ignore").splitlines(), 1) if pattern.search(line)]
-    assert CORE.is_dir() and not hits, hits
+    assert len(files) > 50 and not hits, hits

@@ -22,8 +22,8 @@ Several streams share a call with ``StreamState.stack`` and ``split``; a fresh s
 stacks as zeros, which every layer here treats as "nothing before".
 
 Not covered: strided causal convolutions and transposed convolutions that also trim on
-the left (e.g. transformers' Qwen3-Omni Code2Wav decoder blocks trim ``kernel - stride``
-on both sides); those need a per-stream count of samples still to drop.
+the left (e.g. decoder blocks that trim ``kernel - stride`` on both sides); those need a
+per-stream count of samples still to drop.
 """
 
 from __future__ import annotations
