@@ -43,3 +43,4 @@ def test_replay_equals_what_was_fed_across_chunk_and_segment_boundaries():
         assert ids.tolist() == list(range(10)) + [110, 111, 112, 113, 114]
         assert positions[0].tolist() == list(range(15))
         assert torch.cat(extras).flatten().tolist() == list(range(10))
+

@@ -76,7 +76,9 @@ class ARNodeInputs(NodeInputs):
                 return None
             if any(t is None for t in ts):
                 raise ValueError(f"cannot concatenate inputs where only some rows have {name}")
-            return torch.cat(ts, dim=-1 if name == "custom_pos_ids" else 0)
+            # Steps' inputs may sit on different devices (a prompt on the host, sampled
+            # tokens on the accelerator): gather them where the first one is.
+            return torch.cat([t.to(ts[0].device) for t in ts], dim=-1 if name == "custom_pos_ids" else 0)
 
         return ARNodeInputs(
             input_ids=cat("input_ids"),
