@@ -5,6 +5,7 @@ samples the next token with the batch's sampler (``mstar.text.lm``'s signals).""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -100,20 +101,22 @@ class ThinkerNode(ARNodeSubmodule):
         device = self.lm.model.embed_tokens.weight.device
         assert engine_inputs.positions is not None and engine_inputs.qo_indptr is not None
         states = engine_inputs.per_request_states
-        starts = engine_inputs.qo_indptr[:-1].tolist()
+        lengths = [i.input_seq_len for i in inputs]
+        starts = [0, *accumulate(lengths)][:-1]  # the rows' offsets (qo_indptr) without a device sync
         deltas = []
         for rid, inp in zip(engine_inputs.request_ids, inputs, strict=True):
             if ROPE_DELTA in inp.kwargs and rid in states:
                 states[rid].add(ROPE_DELTA, inp.kwargs[ROPE_DELTA])
             deltas.append(float(states[rid].get(ROPE_DELTA, 0.0)) if rid in states else 0.0)
-        counts = torch.tensor([i.input_seq_len for i in inputs])
-        # Decode rows (and text): the cache position plus the request's rope delta, all axes equal.
-        pos = engine_inputs.positions.to(torch.float32).cpu() + torch.tensor(deltas).repeat_interleave(counts)
-        positions = pos.expand(3, -1).clone()
+        counts = torch.tensor(lengths, device=device)
+        # Decode rows (and text): the cache position plus the request's rope delta, all axes
+        # equal; built on the device (no host sync).
+        delta = torch.tensor(deltas, dtype=torch.float32, device=device).repeat_interleave(counts, output_size=sum(lengths))
+        positions = (engine_inputs.positions.to(device, torch.float32) + delta).expand(3, -1).clone()
         mm_rows, mm_embeds, ds_rows, ds_embeds = [], [], [], []
         for start, inp in zip(starts, inputs, strict=True):
             if inp.custom_pos_ids is not None:
-                positions[:, start : start + inp.input_seq_len] = inp.custom_pos_ids.to(torch.float32)
+                positions[:, start : start + inp.input_seq_len] = inp.custom_pos_ids.to(device, torch.float32)
             t = inp.tensor_inputs
             if MM_ROWS in t:
                 mm_rows.append(t[MM_ROWS] + start)
@@ -123,7 +126,7 @@ class ThinkerNode(ARNodeSubmodule):
                 ds_embeds.append(t[DS_EMBEDS])
         out: dict[str, Any] = {
             "input_ids": torch.cat([i.input_ids for i in inputs]).to(device),
-            "positions": positions.to(device),
+            "positions": positions,
         }
         if mm_rows:
             out["mm_rows"] = torch.cat(mm_rows).to(device)
