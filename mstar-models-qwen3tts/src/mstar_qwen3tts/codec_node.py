@@ -5,6 +5,10 @@ Stateful (the default): each chunk holds only new frames; the decoder's carried 
 the engine frees when the request leaves, so every chunk costs the same. Otherwise each
 chunk arrives with left-context frames already decoded before and their audio is dropped.
 Either way, with the exact receptive field the chunks join to one whole decode.
+
+Batching (stateful only): chunks of equal length from different requests share one decoder
+call, always at ``batch`` rows (padded with silent fresh streams), so a row's arithmetic is
+the same whatever else runs: a seeded request's audio stays byte-identical under load.
 """
 
 from __future__ import annotations
@@ -29,19 +33,22 @@ STATE_KEY = "codec_stream"
 
 
 class CodecNode(NodeSubmodule):
-    def __init__(self, cfg: CodecConfig, stateful: bool = True) -> None:
+    def __init__(self, cfg: CodecConfig, stateful: bool = True, batch: int = 1) -> None:
         super().__init__()
+        if batch < 1:
+            raise ValueError(f"codec batch must be >= 1, got {batch}")
         self.cfg = cfg
         self.stateful = stateful
+        self.batch = batch if stateful else 1
         self.decoder = CodecDecoder(cfg)
 
     def get_autocast_dtype(self) -> torch.dtype:
         return torch.float32
 
     def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
-        # Batch shape changes conv/matmul rounding; one chunk at a time keeps a seeded
-        # request's audio byte-identical whatever else the server is doing.
-        return False
+        # Batch shape changes conv rounding: only fixed-size calls keep a seeded request's
+        # audio byte-identical whatever else the server is doing (see decode_chunks).
+        return self.batch > 1
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> NodeInputs:
         codes = signals["code_chunk"].reshape(-1, self.cfg.num_quantizers).to(torch.long)
@@ -69,6 +76,28 @@ class CodecNode(NodeSubmodule):
         ``state`` advances."""
         return self.decoder(codes.T[None], state)[0, 0]
 
+    def decode_chunks(self, codes: list[torch.Tensor], states: list[StreamState]) -> tuple[list[torch.Tensor], list[StreamState]]:
+        """Chunks [T_i, G] of several streams → (their audio, their advanced states).
+
+        Chunks of one length share calls of exactly ``self.batch`` rows; unused rows decode
+        zeros from a fresh state and are dropped."""
+        audio: list[torch.Tensor] = [torch.empty(0)] * len(codes)
+        advanced = list(states)
+        by_length: dict[int, list[int]] = {}
+        for i, c in enumerate(codes):
+            by_length.setdefault(c.shape[0], []).append(i)
+        for length, rows in by_length.items():
+            for start in range(0, len(rows), self.batch):
+                run = rows[start : start + self.batch]
+                pad = self.batch - len(run)
+                filler = codes[run[0]].new_zeros(length, self.cfg.num_quantizers)
+                batch_codes = torch.stack([c.T for c in [*(codes[i] for i in run), *[filler] * pad]])
+                state = StreamState.stack([*(states[i] for i in run), *(StreamState() for _ in range(pad))])
+                wav = self.decoder(batch_codes, state)[:, 0]
+                for i, row_wav, row_state in zip(run, wav, state.split([1] * self.batch), strict=False):
+                    audio[i], advanced[i] = row_wav, row_state
+        return audio, advanced
+
     def forward_batched(
         self, graph_walk: str, engine_inputs: ModelInputsFromEngine, codes: list[torch.Tensor], contexts: list[int]
     ) -> BatchedModelOutput:
@@ -77,10 +106,8 @@ class CodecNode(NodeSubmodule):
             return BatchedModelOutput(
                 per_rid_outputs={rid: {"audio": self.decode(c, ctx)} for rid, c, ctx in zip(rids, codes, contexts, strict=True)}
             )
-        per_rid = {}
-        for rid, c in zip(rids, codes, strict=True):
-            store = engine_inputs.per_request_states[rid]
-            state = store.get(STATE_KEY) or StreamState()
-            per_rid[rid] = {"audio": self.decode_chunk(c, state)}
+        stores = [engine_inputs.per_request_states[rid] for rid in rids]
+        audio, states = self.decode_chunks(codes, [store.get(STATE_KEY) or StreamState() for store in stores])
+        for store, state in zip(stores, states, strict=True):
             store.add(STATE_KEY, state)
-        return BatchedModelOutput(per_rid_outputs=per_rid)
+        return BatchedModelOutput(per_rid_outputs={rid: {"audio": a} for rid, a in zip(rids, audio, strict=True)})

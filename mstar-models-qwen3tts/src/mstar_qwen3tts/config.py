@@ -26,7 +26,10 @@ CONTROL_BLOCK = 1024
 # early, larger chunks after. ``stateful`` decodes each chunk from its new frames plus the
 # decoder's carried state; ``stateful: false`` re-decodes ``left_context`` frames instead
 # (None means "the decoder's exact receptive field"). Either way seams never change the audio.
-DEFAULT_STREAMING: dict[str, int | bool | None] = {"chunk": 12, "first_chunk": 4, "left_context": None, "stateful": True}
+# ``codec_batch``: rows of every stateful codec call (None: 8 on CUDA, 1 elsewhere).
+DEFAULT_STREAMING: dict[str, int | bool | None] = {
+    "chunk": 12, "first_chunk": 4, "left_context": None, "stateful": True, "codec_batch": None,
+}
 
 
 class ConfigError(ValueError):
@@ -283,6 +286,7 @@ class StreamingConfig:
     first_chunk: int
     left_context: int  # frames re-decoded before each chunk when not stateful
     stateful: bool = True
+    codec_batch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -317,6 +321,7 @@ class Qwen3TTSConfig:
             first_chunk=int(stream["first_chunk"]),  # type: ignore[arg-type]
             left_context=codec.receptive_field_frames() if left is None else int(left),
             stateful=bool(stream["stateful"]),
+            codec_batch=None if stream["codec_batch"] is None else int(stream["codec_batch"]),  # type: ignore[arg-type]
         )
         tokens = {
             k: int(_get(d, k, where))

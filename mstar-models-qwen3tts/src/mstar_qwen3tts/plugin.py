@@ -126,11 +126,16 @@ def _build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: s
 
 
 def _build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+    import torch
+
     from mstar_qwen3tts.codec_node import CodecNode
     from mstar_qwen3tts.weights import load_codec
 
     cfg = typed(config)
-    node = CodecNode(cfg.codec, stateful=cfg.streaming.stateful)
+    batch = cfg.streaming.codec_batch
+    if batch is None:  # a padded batch is nearly free on a GPU, not on a CPU
+        batch = 8 if torch.device(device).type == "cuda" else 1
+    node = CodecNode(cfg.codec, stateful=cfg.streaming.stateful, batch=batch)
     if checkpoint_dir is not None:
         load_codec(node, checkpoint_dir)
     return node.to(device)
