@@ -100,9 +100,21 @@ def load_safetensors(
                         wrong.append(f"{key}: checkpoint {list(shape)} vs model {list(state[key].shape)}")
             if wrong:
                 raise CheckpointMismatchError(f"{where}: shape mismatch for {len(wrong)} tensor(s): {wrong[:8]}")
+            bar = _progress(len(files), f"loading {prefix.rstrip('.') or type(module).__name__} weights")
             for file, keys in by_file.items():
                 for key in keys:
                     target = state[key]
                     target.copy_(handles[file].get_tensor(prefix + key).to(target.dtype))
+                    bar.update(1)
+            bar.close()
         finally:
             handles.clear()
+
+
+def _progress(total: int, desc: str):
+    """A tensor-count progress bar, shown only on a terminal (tqdm's ``disable=None``)."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, disable=None, leave=False)

@@ -30,6 +30,7 @@ from mstar.server.metrics import ServerMetrics
 from mstar.server.placement import Placement, load_placement, validate_placement
 from mstar.server.preprocess import PreprocessPool, load_adapter
 from mstar.server.router import Finished, Router
+from mstar.server.startup_progress import StartupProgress
 from mstar.server.supervisor import Supervisor
 from mstar.server.tensor_codec import TensorCodec, cleanup_segments
 
@@ -88,6 +89,7 @@ class ServerRuntime:
         self.draining = False
         self._drain_deadline = 0.0
         self.stop_requested: Callable[[], bool] = lambda: False
+        self._progress: StartupProgress | None = None  # while starting
 
     # ---- identity -------------------------------------------------------------------------
     def served_names(self) -> set[str]:
@@ -147,9 +149,15 @@ class ServerRuntime:
             engine.start()
             engine.watch(loop, self._engine_exited)
         t0 = time.perf_counter()
-        await asyncio.gather(self._wait_ready(), self.preprocess.warm_up())
-        log.info("engines ready in %.1fs; warming up", time.perf_counter() - t0)
-        await self._warm_up()
+        self._progress = StartupProgress(len(self.engines))
+        try:
+            await asyncio.gather(self._wait_ready(), self.preprocess.warm_up())
+            log.info("engines ready in %.1fs; warming up", time.perf_counter() - t0)
+            self._progress.warming_up()
+            await self._warm_up()
+        finally:
+            self._progress.done()
+            self._progress = None
         self.started = True
 
     def _new_handle(self, name: str) -> EngineHandle:
@@ -272,6 +280,8 @@ class ServerRuntime:
         self.metrics.engine_up.labels(report.engine).set(1)
         self.supervisor.ready(report.engine)
         log.info("engine %s ready (pid %s)", report.engine, report.pid)
+        if self._progress is not None:
+            self._progress.engine_ready(report.engine)
         if all(e.ready for e in self.engines.values()) and self._ready is not None and not self._ready.done():
             self._ready.set_result(None)
 
