@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 
 pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).parent / "fixtures" / "processor"
@@ -130,3 +131,27 @@ def test_bad_media_part_is_a_400_naming_it_and_the_server_keeps_serving(client, 
         _chat(client, _user(part, {"type": "text", "text": "?"}))
     assert needle in str(err.value)
     assert _chat(client, _user(IMAGE)).choices[0].finish_reason == "length"
+
+
+def test_native_generate_with_processor_tensors_equals_the_chat(server, client):
+    """``/v1/generate`` with the prompt ids and processor tensors of an image chat (made by
+    the plugin's preprocessor on the served checkpoint) and kwarg ``media``: the same tokens
+    as the chat completion."""
+    from mstar.api.tensors import tensor_from_json, tensor_to_json
+    from mstar.engine.engine import random_weights_dir
+    from mstar.plugins.loading import load_model
+    from mstar.text import load_tokenizer
+    from mstar_qwen3omni.processing import Preprocessor
+
+    ckpt = random_weights_dir("qwen3omni", load_model("qwen3omni"))
+    messages = _user(IMAGE, {"type": "text", "text": "Describe it."})
+    processed = Preprocessor.from_checkpoint(ckpt)(messages)
+    inputs = {"prompt_ids": torch.tensor(processed.input_ids), **processed.tensors}
+    body = {"model": "qwen3omni", "inputs": {k: tensor_to_json(v) for k, v in inputs.items()},
+            "sampling": {"temperature": 0, "max_tokens": 8}, "kwargs": {"media": ["image"]}}
+    reply = httpx.post(f"{server}/v1/generate", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    out = reply.json()["outputs"]["tokens"]
+    tokens = tensor_from_json(out, "tokens").reshape(-1).tolist()
+    chat = _chat(client, messages).choices[0].message.content
+    assert len(tokens) == 8 and load_tokenizer(ckpt).decode(tokens, skip_special_tokens=True) == chat
