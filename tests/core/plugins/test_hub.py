@@ -98,3 +98,23 @@ def test_resolving_a_name_imports_no_hub_client() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_engine_from_a_repo_id_equals_the_same_checkpoint_by_directory(hf_home: Path, tmp_path: Path) -> None:
+    import torch
+    from mstar import Engine
+
+    prompt = {"prompt_ids": torch.tensor([1, 72, 105, 33])}
+    greedy = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    outputs = []
+    for model, weights in (("acme/toy", None), ("toy", "acme/toy"), ("toy", tmp_path / "toy")):
+        engine = Engine.from_model(model, weights=weights, max_num_seqs=2)
+        try:
+            assert engine.model_name == "toy"
+            (out,) = engine.run_batch([{"inputs": prompt, "sampling": greedy}])
+            outputs.append(out.cat("token").tolist())
+        finally:
+            engine.close()
+    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0]) == 6
+    with pytest.raises(ValueError, match="give weights="):
+        Engine.from_model("toy")

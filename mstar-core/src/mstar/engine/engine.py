@@ -21,6 +21,7 @@ import torch
 
 from mstar.engine.builder import BuiltModel, EngineConfig, build_core
 from mstar.engine.request import Request, RequestOutput
+from mstar.hub import checkpoint_dir
 from mstar.plugins.loading import load_model
 from mstar.sampling.resolve import resolve_sampling
 
@@ -104,12 +105,19 @@ class Engine:
         model: str,
         weights: str | Path | None = None,
         random_weights: bool = False,
+        revision: str | None = None,
         **engine_kwargs: Any,
     ) -> Engine:
-        loaded = load_model(model)
+        """``model``: a name, alias, checkpoint directory or Hugging Face repo id;
+        ``weights``: a checkpoint directory or repo id (default: ``model`` itself when it is
+        one); ``revision``: of a repo id."""
+        loaded = load_model(model, revision)
+        names_model = str(model) in (loaded.installed.name, *loaded.installed.aliases)
+        if weights is None and not random_weights and not names_model:
+            weights = model
         if weights is None and not random_weights:
-            raise ValueError("give weights=<checkpoint dir> or random_weights=True")
-        ckpt = Path(weights) if weights is not None else random_weights_dir(loaded.spec.name, loaded)
+            raise ValueError("give weights=<checkpoint dir or repo id> or random_weights=True")
+        ckpt = checkpoint_dir(weights, revision) if weights is not None else random_weights_dir(loaded.spec.name, loaded)
         if random_weights:
             log.warning("model %s runs on RANDOM weights: its output is noise", loaded.spec.name)
         config = EngineConfig(**engine_kwargs)

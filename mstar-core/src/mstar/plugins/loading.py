@@ -76,9 +76,10 @@ def new_plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
-def load_model(target: str | Path) -> LoadedModel:
-    """Resolve ``target`` (name, alias or checkpoint directory) and load that model."""
-    return ModelLoader(resolve_model(target)).load()
+def load_model(target: str | Path, revision: str | None = None) -> LoadedModel:
+    """Resolve ``target`` (name, alias, checkpoint directory or Hugging Face repo id, at
+    ``revision``) and load that model."""
+    return ModelLoader(resolve_model(target, revision)).load()
 
 
 @dataclass
