@@ -54,3 +54,23 @@ def test_invalid_placements(graph, data, match):
 def test_malformed_yaml(data):
     with pytest.raises(PlacementError):
         parse_placement(data)
+
+
+def test_a_request_reaches_only_the_engines_its_walks_run_on(graph, tmp_path):
+    from dataclasses import replace
+
+    from mstar.graph import LinearWalks
+    from mstar.server.placement import request_engines
+
+    class TextOnlySkipsAudio(LinearWalks):
+        def first_walk(self, partition, request_kwargs):
+            if partition == "audio" and request_kwargs.get("text_only"):
+                return None
+            return super().first_walk(partition, request_kwargs)
+
+    skipping = replace(graph, state_machine=TextOnlySkipsAudio(graph.state_machine.order))
+    path = tmp_path / "p.yaml"
+    path.write_text("groups:\n  a: {device: cpu, nodes: [lm]}\n  b: {nodes: [decoder]}\n")
+    engines_for = request_engines(skipping, load_placement(path, {}, "cpu"))
+    assert engines_for({}) == {"a", "b"}
+    assert engines_for({"text_only": True}) == {"a"}

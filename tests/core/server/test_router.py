@@ -149,3 +149,16 @@ def test_output_beyond_the_buffer_limit_aborts_and_drops_it():
     (fin,) = drain(stream)  # the queued audio is dropped, only the error is left
     assert fin.reason == "error" and fin.status == 408 and fin.code == "output_buffer_full"
     assert isinstance(engines["a"].sent[-1], AbortRequest) and "r" not in router.streams
+
+
+def test_a_request_is_sent_only_to_the_engines_it_needs():
+    engines = {"a": FakeEngine("a"), "b": FakeEngine("b")}
+    router = Router(engines, {}, TensorCodec("mstar_routertest_", threshold=1 << 20),
+                    engines_for=lambda kwargs: {"a"} if kwargs.get("text_only") else {"a", "b"})
+    engines["b"].down_reason = "is restarting"  # a request that does not need b still runs
+    stream = router.submit("r", {"ids": torch.tensor([1])}, {}, {"text_only": True}, None)
+    assert [type(m) for m in engines["a"].sent] == [AddRequest] and engines["b"].sent == []
+    router.on_events("a", [Event("r", finished=True, finish_reason="stop")])
+    assert drain(stream)[-1].reason == "stop"
+    with pytest.raises(ApiError):
+        router.submit("r2", {"ids": torch.tensor([1])}, {}, {}, None)

@@ -13,6 +13,7 @@ local); streaming edges between partitions may cross groups.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,3 +129,14 @@ def validate_placement(placement: Placement, graph: GraphSpec) -> None:
                 f"partition {partition!r} (nodes {sorted(nodes)}) spans groups {sorted(hosts)}; "
                 "a partition's nodes must share one group"
             )
+
+
+def request_engines(graph: GraphSpec, placement: Placement) -> Callable[[Mapping[str, Any]], set[str]]:
+    """The engines a request needs: those hosting a partition whose first walk runs for the
+    request's kwargs (a text-only request never reaches a speech partition's engine)."""
+    hosts = partition_hosts(graph, placement)
+
+    def engines_for(kwargs: Mapping[str, Any]) -> set[str]:
+        return {host for p, host in hosts.items() if graph.state_machine.first_walk(p, kwargs) is not None}
+
+    return engines_for

@@ -131,11 +131,18 @@ class RequestStream:
 
 class Router:
     def __init__(
-        self, engines: dict[str, EngineHandle], stream_routes: dict[str, str], codec: TensorCodec, max_buffer_bytes: int | None = None
+        self,
+        engines: dict[str, EngineHandle],
+        stream_routes: dict[str, str],
+        codec: TensorCodec,
+        max_buffer_bytes: int | None = None,
+        engines_for: Callable[[dict[str, Any]], set[str]] | None = None,
     ) -> None:
         self.engines = engines
         self.stream_routes = stream_routes
         self.codec = codec
+        # Which engines a request's walks run on (by its kwargs); None: all of them.
+        self.engines_for = engines_for
         self.streams: dict[str, RequestStream] = {}
         # Output bytes a request may have waiting for a client that does not read; beyond
         # it the request is aborted (its cache freed) instead of growing memory without end.
@@ -149,13 +156,15 @@ class Router:
         kwargs: dict[str, Any],
         signals: list[str] | None,
     ) -> RequestStream:
-        down = [e for e in self.engines.values() if not e.serving]
+        names = self.engines_for(kwargs) if self.engines_for is not None else set(self.engines)
+        targets = [self.engines[n] for n in sorted(names)]
+        down = [e for e in targets if not e.serving]
         if down:
             raise ApiError(503, f"engine {down[0].name!r} {down[0].unavailable_reason()}; retry later", code="engine_unavailable")
         check_wire_values(sampling, kwargs)
-        stream = RequestStream(request_id, set(self.engines))
+        stream = RequestStream(request_id, set(names))
         self.streams[request_id] = stream
-        for engine in self.engines.values():
+        for engine in targets:
             # Encoded per engine: a shared-memory segment is consumed by its one receiver.
             msg = AddRequest(request_id, {k: self.codec.encode(v) for k, v in inputs.items()}, sampling, kwargs, signals)
             engine.send(msg)

@@ -27,7 +27,7 @@ from mstar.server.engine_process import EngineProcessSpec
 from mstar.server.ipc_auth import authenticated, new_secret
 from mstar.server.messages import Events, Fatal, Ready, Stats, report_decoder
 from mstar.server.metrics import ServerMetrics
-from mstar.server.placement import Placement, load_placement, validate_placement
+from mstar.server.placement import Placement, load_placement, request_engines, validate_placement
 from mstar.server.preprocess import PreprocessPool, load_adapter
 from mstar.server.router import Finished, Router
 from mstar.server.startup_progress import StartupProgress
@@ -80,7 +80,10 @@ class ServerRuntime:
         self.zctx = zmq.Context()
         self.actx = zmq.asyncio.Context()
         self.engines: dict[str, EngineHandle] = {}
-        self.router = Router(self.engines, self.placement.stream_routes(self.graph), self.codec, config.max_stream_buffer_bytes)
+        self.router = Router(
+            self.engines, self.placement.stream_routes(self.graph), self.codec, config.max_stream_buffer_bytes,
+            engines_for=request_engines(self.graph, self.placement),
+        )
         self._reports: Any = None
         self._receiver: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None
