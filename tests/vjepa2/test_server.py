@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from mstar.api.tensors import tensor_to_json
+from mstar.api.tensors import tensor_from_json, tensor_to_json
 from mstar.client import Client
 from mstar_vjepa2.ac_predictor import ACPredictor
 from mstar_vjepa2.checkpoint import load_strict, read_state, write_checkpoint
@@ -129,6 +130,21 @@ def test_encode_and_predict_from_an_mp4(v_server, v_ckpt):
 def test_bad_requests_are_400_naming_the_field(v_server, inputs, kwargs, param):
     r = httpx.post(f"{v_server.url}/v1/generate", json={"model": "vjepa2", "inputs": inputs, "kwargs": kwargs}, timeout=60)
     assert _error(r)["param"] == param
+
+
+def test_a_multipart_file_upload_equals_the_base64_body(v_server):
+    data = _mp4(4)
+    request = json.dumps({"model": "vjepa2", "kwargs": {"task": "encode"}})
+    r = httpx.post(f"{v_server.url}/v1/generate/upload", data={"request": request},
+                   files={"video": ("clip.mp4", data, "video/mp4")}, timeout=60)
+    assert r.status_code == 200, r.text
+    with Client(v_server.url) as c:
+        want = c.generate({"video": _file(data)}, kwargs={"task": "encode"}).outputs["latents"]
+    got = tensor_from_json(r.json()["outputs"]["latents"], "latents")
+    assert torch.equal(got, want)
+    bad = httpx.post(f"{v_server.url}/v1/generate/upload", files={"request": (None, request), "video": (None, "not a file")},
+                     timeout=60)
+    assert _error(bad)["param"] == "video"
 
 
 def test_sampling_frames_lets_a_long_video_in(v_server):

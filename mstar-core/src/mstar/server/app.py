@@ -27,7 +27,7 @@ from mstar.server.middleware import ApiKeyAuth, BodyLimit, Draining, RequestMetr
 from mstar.server.openapi import install_openapi
 from mstar.server.routes_chat import chat_completions
 from mstar.server.routes_completions import completions
-from mstar.server.routes_generate import generate
+from mstar.server.routes_generate import generate, upload_request
 from mstar.server.routes_speech import speech
 from mstar.server.runtime import ServerRuntime
 from mstar.server.strict_json import StrictJSONRoute
@@ -35,7 +35,7 @@ from mstar.server.strict_json import StrictJSONRoute
 log = logging.getLogger("mstar.server")
 
 ENDPOINTS = {
-    "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/generate", "/health", "/metrics", "/version",
+    "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/generate", "/v1/generate/upload", "/health", "/metrics", "/version",
 }
 
 
@@ -88,6 +88,11 @@ def _routes(app: FastAPI, rt: ServerRuntime) -> None:
     @app.post("/v1/generate")
     async def native_generate(body: GenerateRequest, request: Request) -> Response:
         return await generate(rt, body, request.receive)
+
+    @app.post("/v1/generate/upload")
+    async def native_generate_upload(request: Request) -> Response:
+        # multipart/form-data: the JSON body in a "request" field, files as inputs.
+        return await generate(rt, await upload_request(request), request.receive)
 
     @app.get("/health")
     async def health() -> Response:

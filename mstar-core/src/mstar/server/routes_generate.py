@@ -1,17 +1,26 @@
 """``POST /v1/generate``: native engine inputs in, output signals out as base64 tensors
-or safetensors bytes; ``stream`` gives NDJSON, one line per output value."""
+or safetensors bytes; ``stream`` gives NDJSON, one line per output value.
+
+``POST /v1/generate/upload`` takes the same request as ``multipart/form-data``: a ``request``
+field holding the JSON body and file parts, each becoming the input of its field name as a
+1-D uint8 tensor of the file's bytes (e.g. a video upload; the model's adapter decodes it)."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
 from mstar.api.adapter import GENERATE
-from mstar.api.errors import ApiError
+from mstar.api.errors import ApiError, validation_error
 from mstar.api.protocol import GenerateRequest
 from mstar.api.tensors import concat_signal, safetensors_bytes, tensor_to_json
 from mstar.server.execution import Execution
@@ -22,6 +31,33 @@ from mstar.server.streaming import (
     ending_with_error,
     ndjson,
 )
+from mstar.server.strict_json import loads_strict
+
+
+async def upload_request(request: Request) -> GenerateRequest:
+    """The request of a multipart body; errors are 400s naming the field."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise ApiError(400, "send multipart/form-data here (JSON bodies go to /v1/generate)", code="invalid_content_type")
+    form = await request.form()
+    field = form.get("request")
+    try:
+        data = loads_strict(field.encode()) if isinstance(field, str) else {}
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"the request field is not valid JSON: {exc}", param="request", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request field must be a JSON object", param="request")
+    inputs = dict(data.get("inputs") or {})
+    for name, part in form.multi_items():
+        if name == "request":
+            continue
+        if not isinstance(part, UploadFile):
+            raise ApiError(400, f"form field {name!r}: only 'request' and file parts are read", param=name)
+        raw = await part.read()
+        inputs[name] = {"dtype": "uint8", "shape": [len(raw)], "data": base64.b64encode(raw).decode()}
+    try:
+        return GenerateRequest.model_validate({**data, "inputs": inputs})
+    except ValidationError as exc:
+        raise validation_error(exc) from None
 
 
 def client_signals(rt: ServerRuntime) -> list[str]:
