@@ -32,10 +32,10 @@ def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -
 
 def build_snac(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
     from mstar_orpheus.snac_model import SnacDecoder
-    from mstar_orpheus.snac_node import SnacNode
+    from mstar_orpheus.snac_node import SnacNode, codec_batch
     from mstar_orpheus.weights import load_torch_bin
 
-    node = SnacNode(config["snac"])
+    node = SnacNode(config["snac"], batch=codec_batch(config, device))
     if checkpoint_dir is not None:
         load_torch_bin(node.snac, Path(checkpoint_dir) / SNAC_DIR / "pytorch_model.bin", ignore=SnacDecoder.UNUSED_KEYS)
     return node.to(device)
