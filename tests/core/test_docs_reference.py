@@ -162,3 +162,18 @@ def test_guide_quotes_only_real_code() -> None:
         for line in lines:
             if line.strip() and line.strip() != "...":
                 assert line.strip() in have, f"{path} has no line {line.strip()!r}"
+
+
+SYSTEM = ROOT / "docs" / "plugin-system.md"
+
+
+def test_plugin_system_lists_the_load_steps_and_errors() -> None:
+    from mstar.plugins import errors
+    from mstar.plugins.loading import LOAD_STEPS
+
+    doc = SYSTEM.read_text()
+    steps = re.findall(r"^\| ([a-z][a-z ]+[a-z]) \|", section(doc, "Loading (`mstar.plugins.loading`)"), re.M)
+    assert steps[1:] == list(LOAD_STEPS)  # after the header row
+    classes = {n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.PluginError) and c is not errors.PluginError}
+    missing = classes - ticked(section(doc, "Errors (`mstar.plugins.errors`)"))
+    assert not missing, f"undocumented: {sorted(missing)}"

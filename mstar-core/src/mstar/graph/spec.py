@@ -89,7 +89,8 @@ class Loop:
 
     Stops come from ``stop_on`` nodes (their ``check_stop`` names this loop), from
     ``max_iters``, or — for a loop consuming a stream — when ``until_stream_closed`` is
-    closed and drained. A loop with none of these is rejected.
+    closed and drained. A loop with none of these is rejected. ``STOP_ALL`` from any step
+    (core's stop rules use it) ends the whole partition, loops included.
     """
 
     name: str

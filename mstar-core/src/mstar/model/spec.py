@@ -26,6 +26,8 @@ class ModelSpec:
     ``mstar check-plugin`` fails when one is missing. ``example_requests(config)`` returns
     requests (``Engine.add_request`` keyword dicts) that together run every walk once on
     the tiny config; the conformance kit runs them through the real engine.
+    ``max_model_len(config)`` is informational: the scheduler enforces each KV node's own
+    ``max_model_len()``.
 
     ``name``, ``aliases`` and ``architectures`` are filled in at load time from the
     distribution's entry points (``mstar.models``, ``mstar.model_aliases``,

@@ -234,7 +234,8 @@ class NodeSubmodule(nn.Module, ABC):
         return None
 
     def get_autocast_dtype(self) -> torch.dtype | None:
-        """This node's dtype when it differs from the model's (codecs: float32)."""
+        """This node's dtype when it differs from the model's (codecs: float32). Not read by
+        the engine yet: a node factory puts the node in its dtype."""
         return None
 
     def cleanup_request(self, request_id: str) -> None:

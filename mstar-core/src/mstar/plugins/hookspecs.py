@@ -27,10 +27,11 @@ REQUIRED_MODEL_HOOKS = ("mstar_model_spec", "mstar_node_factories", "mstar_node_
 
 @hookspec(firstresult=True)
 def mstar_model_spec() -> Any:
-    """The model's ``ModelSpec`` (name, aliases, architectures, config loader, graph
-    builder, tiny-checkpoint writer, default placement).
+    """The model's ``ModelSpec`` (config loader, graph builder, tiny-checkpoint writer,
+    default placement; name, aliases and architectures come from the entry points).
 
-    Called once in every process that loads the model (CLI, API and engine processes).
+    Called once in every process that loads the model (CLI, API, engine and preprocess
+    worker processes).
     Required. Must be cheap: no weights, no device work.
     """
 
@@ -92,6 +93,6 @@ def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None
     """The model's ``ApiAdapter``: the endpoints it serves and how a request becomes engine
     inputs and sampling configs, and outputs become responses.
 
-    Called once in the API process (and by ``mstar.Engine`` helpers). Default: none, the
-    model serves only what ``/v1/generate`` can express natively.
+    Called once in the API process and once in each preprocess worker. Default: none,
+    the model serves only what ``/v1/generate`` can express natively.
     """
