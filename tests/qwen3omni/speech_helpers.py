@@ -1,0 +1,90 @@
+"""A tiny random Qwen3-Omni checkpoint *with* speech output, written by transformers' own
+``Qwen3OmniMoeForConditionalGeneration.save_pretrained`` (keys ``thinker.*``, ``talker.*``,
+``code2wav.*``; MoE experts one module per expert, as released), plus the reference model.
+
+Sizes are tiny but keep every structural feature: GQA everywhere, MoE with a shared expert,
+interleaved M-RoPE sections, 4 codebook groups, a sliding window shorter than the test
+sequences, two upsampling stages and two decoder blocks. The talker vocabulary is the
+codebook plus 1024 ids, like the released 2048 + 1024, so transformers' suppression of the
+top 1024 ids leaves exactly the codes and the codec EOS."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from mstar_qwen3omni.tiny_checkpoint import TINY_AUDIO, TINY_VISION
+
+CODEBOOK = 32
+TINY_THINKER_TEXT: dict[str, Any] = dict(
+    vocab_size=512, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2], "mrope_interleaved": True},
+)
+TINY_TALKER: dict[str, Any] = dict(
+    text_config=dict(
+        vocab_size=CODEBOOK + 1024, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+    ),
+    code_predictor_config=dict(
+        vocab_size=CODEBOOK, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_code_groups=4, rms_norm_eps=1e-6,
+    ),
+    num_code_groups=4, thinker_hidden_size=48, accept_hidden_layer=2, spatial_merge_size=2,
+    # special codec ids inside the top 1024, as released (2148.. of 3072)
+    codec_pad_id=CODEBOOK + 100, codec_bos_id=CODEBOOK + 101, codec_eos_token_id=CODEBOOK + 102,
+    codec_nothink_id=CODEBOOK + 107, codec_think_bos_id=CODEBOOK + 108, codec_think_eos_id=CODEBOOK + 109,
+    speaker_id={"ethan": CODEBOOK + 200, "chelsie": CODEBOOK + 201, "aiden": CODEBOOK + 202},
+)
+TINY_CODE2WAV: dict[str, Any] = dict(
+    codebook_size=CODEBOOK, num_quantizers=4, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, sliding_window=6, rms_norm_eps=1e-5,
+    upsampling_ratios=[2, 2], upsample_rates=[3, 2], decoder_dim=32,
+)
+
+
+def _randomise(module: torch.nn.Module, seed: int, scale: float = 0.25) -> None:
+    """Weights far from init (norm scales, layer scales, snake parameters included) so a wrong
+    formula cannot hide behind a zero or a one."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith("norm.weight") or name.endswith(".scale") or name.endswith("gamma"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith(".alpha") or name.endswith(".beta"):
+                p.copy_(0.3 * noise)
+            else:
+                p.copy_(noise * (scale if p.ndim > 1 else 0.1))
+
+
+@cache
+def speech_model(seed: int = 0) -> tuple[Any, Path]:
+    """(transformers reference model in float32 eval mode, checkpoint dir) — written once per session."""
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    hidden = TINY_THINKER_TEXT["hidden_size"]
+    towers = dict(  # tiny towers: the default ones are the released sizes
+        audio_config={**TINY_AUDIO, "output_dim": hidden}, vision_config={**TINY_VISION, "out_hidden_size": hidden}
+    )
+    config = Qwen3OmniMoeConfig(
+        thinker_config=dict(text_config=TINY_THINKER_TEXT, **towers), talker_config=TINY_TALKER,
+        code2wav_config=TINY_CODE2WAV, enable_audio_output=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    _randomise(model.talker, seed + 1)
+    _randomise(model.code2wav, seed + 2, scale=0.05)  # audio mostly inside the clamp
+    root = Path(tempfile.mkdtemp(prefix="qwen3omni-speech-"))
+    model.save_pretrained(root)
+    return model, root
+
+
+def checkpoint_config(root: Path) -> dict[str, Any]:
+    return json.loads((root / "config.json").read_text())

@@ -1,0 +1,101 @@
+"""Code2Wav loaded from a real-layout tiny checkpoint equals transformers' Qwen3OmniMoeCode2Wav
+(whole decode), and streamed chunks equal the whole decode at any chunking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mstar.layers.streaming import StreamState
+from mstar_qwen3omni.code2wav import Code2Wav
+from mstar_qwen3omni.code2wav_config import Code2WavConfig
+from mstar_qwen3omni.weights import load_component
+from speech_helpers import checkpoint_config, speech_model
+
+TOL = 1e-5
+FRAMES = 23  # well past the 6-frame attention window and every convolution's reach
+
+
+@pytest.fixture(scope="module")
+def models():
+    ref, root = speech_model()
+    ours = Code2Wav(Code2WavConfig.from_config(checkpoint_config(root))).eval()
+    load_component(ours, root, "code2wav.")
+    return ref.code2wav, ours
+
+
+def _codes(batch: int, frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 32, (batch, 4, frames), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_whole_decode_equals_transformers(models):
+    ref, ours = models
+    codes = _codes(3, FRAMES, seed=1)
+    expected, got = ref(codes), ours(codes)
+    assert got.shape == expected.shape == (3, 1, ours.whole_length(FRAMES))
+    assert (expected.abs() < 1).float().mean() > 0.99  # the clamp does not hide the comparison
+    err = (got - expected).abs().max().item()
+    print(f"max |code2wav - transformers| = {err:.2e}")
+    assert err < TOL
+
+
+@pytest.mark.parametrize("splits", [[1, 5, 17], [7, 7, 7, 2], [3] * 7 + [2], [22, 1]])
+@torch.no_grad()
+def test_streamed_chunks_equal_the_whole_decode(models, splits):
+    """float64, so any seam error shows far above rounding (1e-12)."""
+    ours = models[1].double()
+    try:
+        codes = _codes(2, FRAMES, seed=2)
+        whole = ours(codes)
+        state = StreamState(2)
+        chunks = [ours.stream(c, state) for c in torch.split(codes, splits, dim=-1)]
+        assert chunks[0].shape[-1] == ours.whole_length(splits[0])
+        assert all(c.shape[-1] == n * ours.cfg.samples_per_frame for c, n in zip(chunks[1:], splits[1:], strict=True))
+        assert (torch.cat(chunks, dim=-1) - whole).abs().max().item() < 1e-12
+    finally:
+        ours.float()
+
+
+@torch.no_grad()
+def test_streams_at_different_offsets_share_calls(models):
+    """Three streams advancing by different chunk sizes; each stream's audio equals its own
+    whole decode (float32), and the carried state stops growing."""
+    ours = models[1]
+    codes = [_codes(1, FRAMES, seed=10 + i)[0] for i in range(3)]
+    plans = [[4, 4, 4, 4, 4, 3], [1, 4, 4, 4, 4, 6], [4, 1, 4, 4, 4, 6]]
+    states: list[StreamState | None] = [None, None, None]
+    audio: list[list[torch.Tensor]] = [[], [], []]
+    offsets = [0, 0, 0]
+    sizes = []
+    for step in range(6):
+        chunks = []
+        for i in range(3):
+            n = plans[i][step]
+            chunks.append(codes[i][:, offsets[i] : offsets[i] + n])
+            offsets[i] += n
+        wavs, states = ours.stream_chunks(chunks, states)
+        for i in range(3):
+            audio[i].append(wavs[i])
+        sizes.append(states[0].nbytes)
+    for i in range(3):
+        whole = ours(codes[i][None])[0, 0]
+        assert (torch.cat(audio[i]) - whole).abs().max().item() < TOL
+    assert sizes[2] == sizes[-1]
+
+
+@torch.no_grad()
+def test_transformers_chunked_decode_is_not_the_whole_decode(models):
+    """Why Code2Wav streams with carried state: transformers' chunked_decode loses each chunk's
+    trimmed tail and sees only its left context."""
+    ref, _ = models
+    codes = _codes(1, FRAMES, seed=3)
+    whole, chunked = ref(codes), ref.chunked_decode(codes, chunk_size=8, left_context_size=2)
+    assert chunked.shape[-1] < whole.shape[-1]
+
+
+def test_codes_outside_the_codebook_are_rejected(models):
+    ours = models[1]
+    with pytest.raises(ValueError, match=r"\[0, 32\)"):
+        ours(torch.full((1, 4, 3), 32))
+    with pytest.raises(ValueError, match="codes must be"):
+        ours(torch.zeros(1, 3, 3, dtype=torch.long))
