@@ -174,7 +174,8 @@ def main() -> None:
     for mode in args.modes:
         for c in args.concurrency:
             requests = build_requests(config, mode, c)
-            run_mstar(engine, requests[:1], 2)  # warm-up of this shape
+            run_mstar(engine, requests[:1], 2)  # warm-up of this shape, on both sides
+            run_hf(hf, requests, 2, args.device, dtype)
             ours, theirs = [], []
             for _ in range(args.rounds):
                 ours.append(run_mstar(engine, requests, args.tokens))
