@@ -120,6 +120,24 @@ def ac_fixtures(upstream: Path, out: Path) -> None:
     }, str(out / "ac_reference.safetensors"))
 
 
+def released_shapes(upstream: Path, out: Path) -> None:
+    """Parameter names and shapes of the released V-JEPA 2-AC widths (ViT-g encoder: 1408
+    wide, 22 heads, MLP ratio 48/11; AC predictor as upstream's hub builds it), with 2 blocks
+    each instead of 40 / 24 (blocks repeat; this keeps the script light)."""
+    sys.path.insert(0, str(upstream))
+    from functools import partial
+
+    from src.models.ac_predictor import vit_ac_predictor
+    from src.models.vision_transformer import VisionTransformer
+
+    enc = VisionTransformer(img_size=(256, 256), patch_size=16, num_frames=64, tubelet_size=2, embed_dim=1408, depth=2,
+                            num_heads=22, mlp_ratio=48 / 11, qkv_bias=True, use_rope=True, use_sdpa=True,
+                            norm_layer=partial(torch.nn.LayerNorm, eps=1e-6))
+    pred = vit_ac_predictor(img_size=(256, 256), patch_size=16, num_frames=64, tubelet_size=2, embed_dim=1408, depth=2)
+    shapes = {part: {k: list(v.shape) for k, v in m.state_dict().items()} for part, m in (("encoder", enc), ("predictor", pred))}
+    (out / "ac_released_shapes.json").write_text(json.dumps(shapes, indent=0))
+
+
 def write_test_video(path: Path, frames: int = 10, width: int = 40, height: int = 30) -> np.ndarray:
     """A small mp4 (H.264, yuv420p) of moving colour gradients; returns what PyAV decodes."""
     import av
@@ -161,6 +179,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     ac_fixtures(args.upstream, args.out)
+    released_shapes(args.upstream, args.out)
     preprocess_fixtures(args.out)
 
 

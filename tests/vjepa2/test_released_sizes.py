@@ -28,3 +28,31 @@ def test_parameter_names_and_shapes_match_transformers(name):
     want = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
     assert got == want
+
+
+def test_released_ac_layout_loads_through_the_renaming():
+    """Upstream's released V-JEPA 2-AC widths (names and shapes recorded from upstream's
+    modules by tools/make_fixtures.py, 2 blocks each): the config inferred from them builds
+    an encoder and predictor whose keys and shapes are exactly the renamed upstream ones."""
+    import json
+    from pathlib import Path
+
+    from mstar_vjepa2.ac_predictor import ACPredictor
+    from mstar_vjepa2.checkpoint_ac import (
+        ac_config,
+        config_from_states,
+        encoder_config,
+        encoder_state,
+    )
+    from mstar_vjepa2.vit import Encoder
+
+    shapes = json.loads((Path(__file__).parent / "fixtures" / "ac_released_shapes.json").read_text())
+    enc_sd = {k: torch.empty(s, device="meta") for k, s in shapes["encoder"].items()}
+    pred_sd = {k: torch.empty(s, device="meta") for k, s in shapes["predictor"].items()}
+    cfg = config_from_states(enc_sd, pred_sd, {})
+    assert (cfg["embed_dim"], cfg["predictor_dim"], cfg["action_dim"], cfg["patch_size"]) == (1408, 1024, 7, 16)
+    with torch.device("meta"):
+        enc, pred = Encoder(encoder_config(cfg)), ACPredictor(ac_config(cfg))
+    renamed = {k: tuple(v.shape) for k, v in encoder_state(enc_sd).items()}
+    assert renamed == {k: tuple(v.shape) for k, v in enc.state_dict().items()}
+    assert {k: tuple(v.shape) for k, v in pred_sd.items()} == {k: tuple(v.shape) for k, v in pred.state_dict().items()}

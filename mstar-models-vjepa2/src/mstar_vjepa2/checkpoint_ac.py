@@ -58,6 +58,10 @@ def infer_config(checkpoint_dir: Path) -> dict[str, Any]:
     enc, pred = read_upstream(checkpoint_dir)
     extra_path = Path(checkpoint_dir) / "config.json"
     extra = json.loads(extra_path.read_text()) if extra_path.is_file() else {}
+    return config_from_states(enc, pred, extra)
+
+
+def config_from_states(enc: dict[str, torch.Tensor], pred: dict[str, torch.Tensor], extra: dict[str, Any]) -> dict[str, Any]:
     cfg = {**RELEASED_DEFAULTS, **{k: extra[k] for k in RELEASED_DEFAULTS if k in extra}}
     pw = enc["patch_embed.proj.weight"]
     cfg.update(
