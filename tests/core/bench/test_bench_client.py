@@ -33,10 +33,11 @@ def test_chat_stream_counts_content_chunks_and_reads_usage() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(json.loads(request.content))
+        assert request.headers["authorization"] == "Bearer sk-1"
         body = _sse({"choices": [{"delta": {"role": "assistant"}}]}, _chunk("a"), _chunk("bc"), _chunk(""), USAGE, b"[DONE]")
         return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
-    (rec,) = _run(handler, [BenchRequest("chat", {"messages": [{"role": "user", "content": "hi"}]})])
+    (rec,) = _run(handler, [BenchRequest("chat", {"messages": [{"role": "user", "content": "hi"}]})], api_key="sk-1")
     assert rec.ok and rec.error is None
     assert (rec.prompt_tokens, rec.output_tokens) == (7, 3)
     assert len(rec.chunk_times) == 2  # the role-only and empty chunks carry no output
