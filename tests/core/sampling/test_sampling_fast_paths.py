@@ -75,16 +75,20 @@ def test_fast_paths_draw_what_the_reference_draws(kind, vocab):
 
 @pytest.mark.parametrize("first", [1, 4, 16])
 def test_every_growth_level_draws_the_same(monkeypatch, first):
-    # Small first candidate sets force the growth loop through several levels.
+    # Small first levels force the real schedule through several group and topk levels.
     gen = torch.Generator().manual_seed(first)
-    rows = [SamplingParams(**p) for p in PARAMS if p.get("top_k", 0) > 0 or p.get("top_p", 1) < 1] * 2
-    logits = logits_of("peaked", len(rows), 5000, gen)
+    kinds = [dict(top_p=0.9), dict(top_p=0.3, temperature=0.8), dict(top_p=0.99), dict(top_k=1),
+             dict(top_k=3, top_p=0.8), dict(top_p=0.95, min_p=0.02, temperature=1.2)]
+    rows = [SamplingParams(**k) for k in kinds] * 3
+    logits = logits_of("peaked", len(rows), 20_011, gen)
     seeds, steps = list(range(len(rows))), [3] * len(rows)
     st = SamplingTensors.from_rows(rows, seeds, steps)
     default = Sampler().sample(logits, st).tokens
     monkeypatch.setattr(draw, "_FIRST_GROUPS", first)
-    monkeypatch.setattr(draw, "_FIRST_WIDTH", 4 * first)
+    monkeypatch.setattr(draw, "_FIRST_WIDTH", 16 * first)
     monkeypatch.setattr(draw, "_GROWTH", 2)
+    levels = list(draw._levels(20_011, 3))
+    assert {"groups", "top", "all"} == {kind for kind, _ in levels} and len(levels) >= 8
     assert torch.equal(Sampler().sample(logits, st).tokens, default)
     assert check_against_reference(logits, rows, seeds, steps) >= 0.9 * len(rows)
 
@@ -92,10 +96,10 @@ def test_every_growth_level_draws_the_same(monkeypatch, first):
 def test_every_candidate_count_draws_what_the_reference_draws(monkeypatch):
     # Levels of 1, 2, 3, ... groups: every relation between k, the nucleus and the
     # candidates' bound occurs on some level; the result must never change.
-    def every_level(groups, max_k):
+    def every_level(vocab, max_k):
         for num in range(1, 40):
-            yield groups.candidates(num)
-        yield None, None
+            yield "groups", num
+        yield "all", vocab
 
     monkeypatch.setattr(draw, "_levels", every_level)
     gen = torch.Generator().manual_seed(11)
@@ -127,12 +131,16 @@ def test_peaked_rows_never_sort_the_vocabulary_and_flat_ones_fall_back(monkeypat
         return real_sort(t, *a, **k)
 
     monkeypatch.setattr(draw.torch, "sort", spy)
-    vocab = 20_000
+    vocab = 40_000  # large enough for the group levels (64 groups of 16 <= vocab / 32)
     gen = torch.Generator().manual_seed(0)
     rows = [SamplingParams(top_p=0.9), SamplingParams(top_k=50), SamplingParams(temperature=0)]
-    st = SamplingTensors.from_rows(rows, [1, 2, 3], [0, 0, 0])
-    Sampler().sample(logits_of("peaked", 3, vocab, gen), st)
-    assert sorted_widths and max(sorted_widths) < vocab // 4
+    seeds, steps = [1, 2, 3], [0, 0, 0]
+    st = SamplingTensors.from_rows(rows, seeds, steps)
+    peaked = logits_of("peaked", 3, vocab, gen)
+    Sampler().sample(peaked, st)
+    # Only vocabulary-order sorts of the first level's ~1k candidates ran.
+    assert sorted_widths and max(sorted_widths) <= 64 * 16 + 15
+    assert check_against_reference(peaked, rows, seeds, steps) == 3
     sorted_widths.clear()
     Sampler().sample(logits_of("flat", 3, vocab, gen), st)
     assert max(sorted_widths) == vocab  # a flat top_p 0.9 nucleus needs the whole vocabulary
@@ -184,3 +192,13 @@ def test_total_mass_does_not_depend_on_the_batch():
         assert torch.allclose(batch.squeeze(1), w.double().sum(dim=1), rtol=1e-6)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_ties_across_the_edge_of_a_topk_level_are_all_kept():
+    # Six logit values ~3.3k times each: the 4096 largest end inside the run of 4s, so a
+    # cut at 4 keeps 4s the topk level left out, and only the whole vocabulary holds them.
+    gen = torch.Generator().manual_seed(3)
+    rows = [SamplingParams(top_k=4000), SamplingParams(top_k=3500, top_p=0.99)] * 4
+    logits = torch.randint(0, 6, (len(rows), 20_011), generator=gen).float() * 0.2
+    seeds, steps = list(range(len(rows))), [0] * len(rows)
+    assert check_against_reference(logits, rows, seeds, steps) == len(rows)

@@ -14,9 +14,9 @@ Per row, with ``x`` the float32 logits and ``m`` their maximum:
 That definition never mentions the batch, and every path below computes it exactly, so
 a row draws the same token whichever rows share its call. On the CPU rows are split by
 kind (host reads are free there): greedy rows cost one pass for group maxima plus a
-few hundred gathered logits; filtered rows look only at the logits of a candidate set
-(``vocab_groups``) that grows until it provably holds everything they keep, plus one
-pass for the total mass when top_p is used without top_k. Elsewhere (CUDA) the draw is
+few dozen gathered logits; filtered rows order only a candidate set (the top groups of
+``vocab_groups``, then a ``topk`` of the row) that grows until it provably holds
+everything they keep, plus one pass for the total mass when top_p is used without top_k. Elsewhere (CUDA) the draw is
 branch-free and sync-free so it can be captured in a graph: argmax for every row, and
 the same math over the whole vocabulary (a full sort only when a row uses top_k/top_p).
 """
@@ -178,26 +178,29 @@ def _descending_prefix(d: Tensor, bound: Tensor | None) -> Tensor:
     return torch.topk(d, width, dim=1, sorted=True).values
 
 
-def _levels(groups: VocabGroups, max_k: int) -> Iterator[tuple[Tensor, Tensor] | tuple[None, None]]:
-    """Candidate levels, smallest first: the top groups (``k + 1`` groups hold the top k
-    ids above their bound), then the ``width`` largest logits of each row (a topk), then
-    the whole vocabulary."""
-    x = groups.x
-    vocab = x.shape[1]
+def _levels(vocab: int, max_k: int) -> Iterator[tuple[str, int]]:
+    """Candidate levels, smallest first: ("groups", n), the n top groups (k + 1 groups
+    hold the top k ids above their bound); ("top", n), the n largest logits of the row;
+    ("all", vocab), the whole vocabulary."""
     num = max(_FIRST_GROUPS, max_k + 1)
     while num * GROUP <= vocab // 32:
-        ids, bound = groups.candidates(num)
-        if ids is None:
-            break
-        yield ids, bound
+        yield "groups", num
         num *= _GROWTH
     width = max(_FIRST_WIDTH, max_k + 1)
     while width <= vocab // 2:
-        top = torch.topk(x, width, dim=1, sorted=False)
-        # Everything left out is <= the smallest value taken.
-        yield top.indices, top.values.amin(dim=1, keepdim=True)
+        yield "top", width
         width *= _GROWTH
-    yield None, None
+    yield "all", vocab
+
+
+def _candidates(groups: VocabGroups, kind: str, num: int) -> tuple[Tensor, Tensor] | tuple[None, None]:
+    """(ids, bound): every id whose logit is above bound is in ids; (None, None) = all."""
+    if kind == "groups":
+        return groups.candidates(num)
+    if kind == "top":
+        top = torch.topk(groups.x, num, dim=1, sorted=False)
+        return top.indices, top.values.amin(dim=1, keepdim=True)  # the rest is <= it
+    return None, None
 
 
 def _greedy(groups: VocabGroups) -> Tensor:
@@ -216,26 +219,24 @@ def _greedy(groups: VocabGroups) -> Tensor:
 
 def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
     """Rows with top_k or top_p: grow the candidate set until it covers every row."""
-    x, m = groups.x, groups.row_max
+    x = groups.x
     k_off = rows.top_k <= 0
-    mass = total_mass(x, m, rows.temperature, divide) if bool(k_off.any()) else None
+    mass = total_mass(x, groups.row_max, rows.temperature, divide) if bool(k_off.any()) else None
     batch = x.shape[0]
     tokens = torch.empty(batch, dtype=torch.int64)
     todo = torch.arange(batch)
-    for ids, bound in _levels(groups, int(rows.top_k.max())):
-        xs, ms, rs, mass_s = x, m, rows, mass
-        if todo.numel() < batch:  # only the rows the last level did not cover
-            xs, ms, rs = x[todo], m[todo], rows.take(todo)
-            mass_s = None if mass is None else mass[todo]
-            if ids is not None and bound is not None:
-                ids, bound = ids[todo], bound[todo]
-        level = (None, None) if ids is None or bound is None else (ids, bound)
-        got, covered = _draw_kept(xs, ms, rs, mass_s, level, cut=True, divide=divide)
+    for kind, num in _levels(x.shape[1], int(rows.top_k.max())):
+        level = _candidates(groups, kind, num)
+        got, covered = _draw_kept(groups.x, groups.row_max, rows, mass, level, cut=True, divide=divide)
         if bool(covered.all()):
             tokens[todo] = got
             return tokens
         tokens[todo[covered]] = got[covered]
-        todo = todo[~covered]
+        # Only the rows this level did not cover go on to the next.
+        left = (~covered).nonzero().squeeze(1)
+        todo, rows = todo[left], rows.take(left)
+        groups = VocabGroups(groups.x[left], groups.group_max[left], groups.row_max[left])
+        mass = None if mass is None else mass[left]
     raise AssertionError("the last level holds the whole vocabulary")
 
 
