@@ -85,13 +85,16 @@ class RunStats:
         return sum(r.audio_s for r in self.requests) / self.wall
 
 
-def write_checkpoint(path: Path, snac: str) -> Path:
+def write_checkpoint(path: Path, snac: str, codec_batch: int | None = None) -> Path:
     from mstar_orpheus.checkpoint import SNAC_24KHZ, write_checkpoint
+
+    # SNAC rows per call (mstar only): None keeps the plugin's default (8 on CUDA, 1 elsewhere).
+    extra = {} if codec_batch is None else {"mstar_codec_batch": codec_batch}
 
     snac_config = SNAC_24KHZ if snac == "released" else {**SNAC_24KHZ, "decoder_dim": 256}
     return write_checkpoint(
         path, seed=0, hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, snac=snac_config,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, snac=snac_config, **extra,
     )
 
 
@@ -263,11 +266,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median run is reported")
     parser.add_argument("--split", action="store_true", help="also serve with the LM and SNAC in two engine processes")
+    parser.add_argument("--codec-batch", type=int, default=None, help="SNAC windows per call (default: 8 on CUDA, 1 on CPU)")
     args = parser.parse_args()
 
     runs: dict[tuple[str, int], list[RunStats]] = {}
     with tempfile.TemporaryDirectory(prefix="orpheus-bench-") as tmp:
-        ckpt = write_checkpoint(Path(tmp) / "ckpt", args.snac)
+        ckpt = write_checkpoint(Path(tmp) / "ckpt", args.snac, args.codec_batch)
         servers = {"mstar": Server(ckpt, args.device, 8765, split=False)}
         if args.split:
             servers["mstar-split"] = Server(ckpt, args.device, 8766, split=True)

@@ -116,9 +116,11 @@ def main() -> None:
     parser.add_argument("--ref-python", default="/tmp/qwen-tts-ref/bin/python")
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--server", action="store_true", help="also measure mstar serve over HTTP (mstar bench's client)")
+    parser.add_argument("--codec-batch", type=int, default=None, help="codec chunks per call (default: 8 on CUDA, 1 on CPU)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="qwen3tts-bench-") as tmp:
-        ckpt = write_checkpoint(Path(tmp) / "mid", preset="mid", seed=0)
+        streaming = {} if args.codec_batch is None else {"mstar_streaming": {"codec_batch": args.codec_batch}}
+        ckpt = write_checkpoint(Path(tmp) / "mid", preset="mid", seed=0, overrides=streaming)
         engine = Engine.from_model("qwen3tts", weights=ckpt)
         run_mstar(engine, ckpt, args.frames, 1)  # warm-up, as the reference gets
         ours = {c: run_mstar(engine, ckpt, args.frames, c) for c in args.concurrency}
