@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from mstar.engine.errors import classify_error
 from mstar.server.engine_stats import StatsReporter, engine_stats
 from mstar.server.ipc_auth import SignedSocket, authenticated
 from mstar.server.messages import (
@@ -52,12 +53,6 @@ class EngineProcessSpec(msgspec.Struct):
     stats_interval_s: float = 0.1
     torch_threads: int | None = None  # intra-op threads of this engine (None: torch's default)
     secret: bytes = b""  # the server's per-run secret in front of every message (ipc_auth)
-
-
-def _add_error_type(exc: Exception) -> str:
-    """``add_request`` rejects a request's own values (inputs, sampling) with these;
-    anything else (the engine is down, a bug) is internal."""
-    return "invalid_request" if isinstance(exc, ValueError | TypeError | KeyError) else "internal"
 
 
 def run_engine_process(spec_bytes: bytes) -> None:
@@ -187,7 +182,7 @@ class EngineWorker:
             except Exception as exc:  # a bad request fails alone
                 self.sender.put(Event(
                     cmd.request_id, finished=True, finish_reason="error",
-                    error=f"{type(exc).__name__}: {exc}", error_type=_add_error_type(exc),
+                    error=f"{type(exc).__name__}: {exc}", error_type=classify_error(exc, "admission"),
                 ))
         elif isinstance(cmd, AbortRequest):
             engine.abort(cmd.request_id)
