@@ -105,6 +105,18 @@ def ac_fixtures(upstream: Path, out: Path) -> None:
             poses = torch.cat([poses, mpc.compute_new_pose(poses[:, -1:], r_actions[:, steps - 1 : steps])], dim=1)
         rollout = torch.cat(preds, dim=1)
 
+        # CEM as upstream's planning notebook (WorldModel.infer_next_action's step, mpc_utils.cem).
+        def step_predictor(reps, acts, poses):
+            bb = reps.size(0)
+            nxt = pred(reps.flatten(1, 2), acts, poses)[:, -n:]
+            nxt = F.layer_norm(nxt, (nxt.size(-1),)).view(bb, 1, n, -1)
+            return nxt, mpc.compute_new_pose(poses[:, -1:], acts[:, -1:])
+
+        torch.manual_seed(123)
+        cem_plan = mpc.cem(context_frame=ctx[:1, :1], context_pose=r_states[:1, :1], goal_frame=rollout[:1, 1:2],
+                           world_model=step_predictor, rollout=2, cem_steps=3, samples=16, topk=4,
+                           momentum_mean=0.15, momentum_std=0.15, maxnorm=0.05, verbose=False)
+
         pose_in = torch.rand(16, 1, 7, generator=gen) * 2 - 1
         pose_in[..., 6] = torch.rand(16, 1, generator=gen)
         act_in = 0.5 * torch.randn(16, 1, 7, generator=gen)
@@ -116,7 +128,7 @@ def ac_fixtures(upstream: Path, out: Path) -> None:
         "rollout_context": ctx.contiguous(), "rollout_actions": r_actions, "rollout_states": r_states,
         "rollout_out": rollout.contiguous(),
         "pose_in": pose_in[:, 0].contiguous(), "pose_action": act_in[:, 0].contiguous(),
-        "pose_out": pose_out[:, 0].contiguous(),
+        "pose_out": pose_out[:, 0].contiguous(), "cem_plan": cem_plan[0].contiguous(),
     }, str(out / "ac_reference.safetensors"))
 
 

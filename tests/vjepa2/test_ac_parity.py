@@ -69,3 +69,16 @@ def test_rollout_matches_upstream_recompute(models, ref, rollout):
 def test_next_state_matches_upstream_pose_update(ref):
     got = next_state(ref["pose_in"].double(), ref["pose_action"].double()).float()
     assert (got - ref["pose_out"]).abs().max().item() < 1e-5
+
+
+def test_cem_in_droid_space_equals_upstreams_notebook(models, ref):
+    """Same weights, same seed: upstream's mpc_utils.cem (2-step rollouts, 3 iterations of
+    16 samples, top 4) and ours give the same plan."""
+    from mstar_vjepa2.plan import CEMParams, cem
+
+    _, pred = models
+    ctx = ref["rollout_context"][0, :1]
+    goal = ref["rollout_out"][0, 1]
+    params = CEMParams(samples=16, iterations=3, topk=4, horizon=2, maxnorm=0.05, action_space="droid", seed=123)
+    plan, _, _ = cem(pred, ctx, torch.zeros(0, 7), ref["rollout_states"][0, :1], goal, "l1", params)
+    assert (plan - ref["cem_plan"]).abs().max().item() < 1e-5

@@ -239,7 +239,7 @@ class PlannerNode(NodeSubmodule):
                 params = CEMParams(**dict(kw.get("cem", {})))
             except TypeError as exc:
                 raise ValueError(f"cem: {exc}") from None
-            params.validate()
+            params.validate(cfg.action_dim)
         return NodeInputs(tensor_inputs=tensors, kwargs={"objective": objective, "cem_params": params}, input_seq_len=1)
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]) -> dict[str, Any]:

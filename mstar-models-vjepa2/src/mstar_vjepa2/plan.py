@@ -43,39 +43,76 @@ def score(model: ACPredictor, context: torch.Tensor, context_actions: torch.Tens
 
 @dataclass(frozen=True)
 class CEMParams:
+    """``action_space``: ``full`` samples every action dimension around a mean (start 0,
+    std ``init_std``), clipped to ±``maxnorm`` when given. ``droid`` is upstream's notebook
+    exactly: 7-d DROID actions with only the position deltas (clipped to ±``maxnorm``,
+    default 0.05) and the gripper (clipped to ±0.75, momentum of its own) sampled, rotation
+    deltas 0, and the plan's gripper rounded to 0 below 0.25 in magnitude."""
+
     samples: int = 64
     iterations: int = 3
     topk: int = 8
     horizon: int = 1
     init_std: float = 1.0
-    maxnorm: float | None = None  # clip every sampled action value to [-maxnorm, maxnorm]
+    maxnorm: float | None = None
     momentum_mean: float = 0.15
     momentum_std: float = 0.15
+    momentum_mean_gripper: float = 0.15
+    momentum_std_gripper: float = 0.15
+    action_space: str = "full"
     seed: int = 0
 
-    def validate(self) -> None:
+    def validate(self, action_dim: int) -> None:
         if self.samples < 2 or self.iterations < 1 or self.horizon < 1:
             raise ValueError("cem: samples >= 2, iterations >= 1 and horizon >= 1 are required")
         if not 1 <= self.topk <= self.samples:
             raise ValueError(f"cem.topk: must lie in [1, samples={self.samples}]")
+        if self.action_space not in ("full", "droid"):
+            raise ValueError(f"cem.action_space: 'full' or 'droid', got {self.action_space!r}")
+        if self.action_space == "droid" and action_dim != 7:
+            raise ValueError(f"cem.action_space 'droid' needs 7-d actions; this model's are {action_dim}-d")
+
+
+def _momentum(new: torch.Tensor, old: torch.Tensor, m: float) -> torch.Tensor:
+    return new * (1.0 - m) + old * m
 
 
 @torch.no_grad()
 def cem(model: ACPredictor, context: torch.Tensor, context_actions: torch.Tensor, states: torch.Tensor,
         goal: torch.Tensor, objective: str, p: CEMParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (plan [H, A]: the final mean, costs [K] and candidates [K, H, A] of the last
-    iteration). Sampling uses its own generator seeded by ``p.seed``: reproducible."""
-    a = model.cfg.action_dim
+    """Returns (plan [H, A], costs [K] and candidates [K, H, A] of the last iteration).
+    Sampling uses its own generator seeded by ``p.seed``: reproducible; in ``droid`` space
+    the draws are those of upstream's ``cem`` after ``torch.manual_seed(p.seed)``."""
+    droid = p.action_space == "droid"
     device = context.device
     gen = torch.Generator(device=device).manual_seed(p.seed)
-    mean = torch.zeros(p.horizon, a, device=device)
-    std = torch.full((p.horizon, a), p.init_std, device=device)
+    width = 4 if droid else model.cfg.action_dim  # droid: dx, dy, dz, gripper
+    maxnorm = 0.05 if droid and p.maxnorm is None else p.maxnorm
+    mean = torch.zeros(p.horizon, width, device=device)
+    std = torch.full((p.horizon, width), p.init_std, device=device)
+    if droid:
+        std[:, :3] = maxnorm
+        std[:, 3] = 1.0
     for _ in range(p.iterations):
-        cand = mean + std * torch.randn(p.samples, p.horizon, a, generator=gen, device=device)
-        if p.maxnorm is not None:
-            cand = cand.clamp(-p.maxnorm, p.maxnorm)
+        # One draw per horizon step, in upstream's order.
+        draws = torch.stack([torch.randn(p.samples, width, generator=gen, device=device) * std[h] + mean[h]
+                             for h in range(p.horizon)], dim=1)
+        if droid:
+            xyz, grip = draws[..., :3].clamp(-maxnorm, maxnorm), draws[..., 3:].clamp(-0.75, 0.75)
+            cand = torch.cat([xyz, torch.zeros_like(xyz), grip], dim=-1)
+        else:
+            cand = draws if maxnorm is None else draws.clamp(-maxnorm, maxnorm)
         c = score(model, context, context_actions, states, cand, goal, objective)
         best = cand[c.topk(p.topk, largest=False).indices]
-        mean = best.mean(0) * (1.0 - p.momentum_mean) + mean * p.momentum_mean
-        std = best.std(0, unbiased=p.topk > 1) * (1.0 - p.momentum_std) + std * p.momentum_std
+        sel_mean, sel_std = best.mean(0), best.std(0, unbiased=p.topk > 1)
+        if droid:
+            mean = torch.cat([_momentum(sel_mean[:, :3], mean[:, :3], p.momentum_mean),
+                              _momentum(sel_mean[:, -1:], mean[:, -1:], p.momentum_mean_gripper)], dim=-1)
+            std = torch.cat([_momentum(sel_std[:, :3], std[:, :3], p.momentum_std),
+                             _momentum(sel_std[:, -1:], std[:, -1:], p.momentum_std_gripper)], dim=-1)
+        else:
+            mean, std = _momentum(sel_mean, mean, p.momentum_mean), _momentum(sel_std, std, p.momentum_std)
+    if droid:
+        grip = torch.where(mean[:, 3:].abs() < 0.25, torch.zeros_like(mean[:, 3:]), mean[:, 3:])
+        return torch.cat([mean[:, :3], torch.zeros_like(mean[:, :3]), grip], dim=-1), c, cand
     return mean, c, cand
