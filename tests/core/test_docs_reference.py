@@ -48,8 +48,9 @@ def table_rows(text: str) -> dict[str, str]:
 def ticked(text: str) -> set[str]:
     """Every identifier that appears inside backticks, alone or as part of a dotted name or call."""
     names: set[str] = set()
-    for code in re.findall(r"`([^`]+)`", text):
-        names.update(re.findall(r"[A-Za-z_]\w*", code))
+    fenced = re.compile(r"^```.*?^```", re.M | re.S)
+    for code in fenced.findall(text) + re.findall(r"`([^`]+)`", fenced.sub("", text)):
+        names.update(re.findall(r"[A-Za-z_]\w*", code.strip("`")))
     return names
 
 
@@ -136,10 +137,25 @@ def test_generate_request_fields_are_documented(reference: str) -> None:
     assert set(rows) == set(GenerateRequest.model_fields)
 
 
-def test_sampling_params_fields_are_documented(reference: str) -> None:
+def test_sampling_params_and_batch_sampler_are_documented(reference: str) -> None:
+    from mstar.sampling import BatchSampler
+
     names = ticked(section(reference, "Sampling"))
-    missing = set(SamplingParams.model_fields) - names
+    public = {n for n in vars(BatchSampler) if not n.startswith("_")} | {"last_main_tokens"}
+    missing = (set(SamplingParams.model_fields) | public) - names
     assert not missing, f"undocumented: {sorted(missing)}"
+
+
+def test_attention_backend_calls_are_documented(reference: str) -> None:
+    from mstar.attention.backend import AttentionBackend
+    from mstar.attention.selection import BACKEND_NAMES
+
+    text = section(reference, "Attention backends")
+    names = ticked(text)
+    assert {"plan", "run"} <= _public_methods(AttentionBackend) <= names
+    assert list(inspect.signature(AttentionBackend.run).parameters) == ["self", "layer", "q", "k", "v", "scale"]
+    assert "run(layer, q, k, v, scale=None)" in text
+    assert set(BACKEND_NAMES) <= names
 
 
 def quoted_blocks(doc: str) -> list[tuple[str, list[str]]]:
