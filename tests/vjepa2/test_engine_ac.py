@@ -105,6 +105,13 @@ def test_cem_is_seeded_and_beats_its_first_samples(engine, ref):
     a, b = engine.run_batch([req, req])
     assert a.error is None, a.error
     assert torch.equal(a.signals["plan_actions"][0], b.signals["plan_actions"][0])
+    assert int(a.signals["cem_seed"][0]) == 7
+    unseeded = {**req, "kwargs": {**req["kwargs"], "cem": {k: v for k, v in req["kwargs"]["cem"].items() if k != "seed"}}}
+    c, d = engine.run_batch([unseeded, unseeded])
+    assert int(c.signals["cem_seed"][0]) != int(d.signals["cem_seed"][0])
+    again = {**req, "kwargs": {**req["kwargs"], "cem": {**req["kwargs"]["cem"], "seed": int(c.signals["cem_seed"][0])}}}
+    (e,) = engine.run_batch([again])
+    assert torch.equal(e.signals["plan_actions"][0], c.signals["plan_actions"][0])
     assert a.signals["plan_actions"][0].shape == (2, 7)
     first = dict(req, kwargs={**req["kwargs"], "cem": {**req["kwargs"]["cem"], "iterations": 1}})
     (one,) = engine.run_batch([first])

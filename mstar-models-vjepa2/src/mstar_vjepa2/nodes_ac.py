@@ -9,6 +9,8 @@ from its absolute position (``position % tokens_per_frame``).
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -202,7 +204,8 @@ class ACPredictorNode(ARNodeSubmodule):
 class PlannerNode(NodeSubmodule):
     """MPC over the AC predictor: ``candidates`` [K, H, A] are scored against
     ``goal_latents``; without candidates, CEM (kwargs ``cem``) searches. Outputs ``costs``
-    [K], ``best_index`` and ``plan_actions`` [H, A]. One request's K candidates are one batch."""
+    [K], ``best_index`` and ``plan_actions`` [H, A] (and CEM's ``cem_seed``: without
+    ``cem.seed`` a fresh one is drawn). One request's K candidates are one batch."""
 
     def __init__(self, cfg: ACConfig, predictor: ACPredictor) -> None:
         super().__init__()
@@ -240,6 +243,8 @@ class PlannerNode(NodeSubmodule):
             except TypeError as exc:
                 raise ValueError(f"cem: {exc}") from None
             params.validate(cfg.action_dim)
+            if params.seed is None:  # fresh randomness, reported so the plan can be reproduced
+                params = dataclasses.replace(params, seed=secrets.randbits(63))
         return NodeInputs(tensor_inputs=tensors, kwargs={"objective": objective, "cem_params": params}, input_seq_len=1)
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]) -> dict[str, Any]:
@@ -257,4 +262,6 @@ class PlannerNode(NodeSubmodule):
         else:  # the plan is CEM's final mean; costs are those of its last candidates
             plan, c, cand = cem(*args, tensors["goal"], objective, cem_params)
         out = {"costs": c, "best_index": torch.argmin(c).reshape(1), "plan_actions": plan}
+        if cem_params is not None:
+            out["cem_seed"] = torch.tensor([cem_params.seed])
         return BatchedModelOutput(per_rid_outputs={engine_inputs.request_ids[0]: out})

@@ -60,7 +60,7 @@ class CEMParams:
     momentum_mean_gripper: float = 0.15
     momentum_std_gripper: float = 0.15
     action_space: str = "full"
-    seed: int = 0
+    seed: int | None = None  # None: a fresh seed per request (the planner reports it)
 
     def validate(self, action_dim: int) -> None:
         if self.samples < 2 or self.iterations < 1 or self.horizon < 1:
@@ -85,6 +85,7 @@ def cem(model: ACPredictor, context: torch.Tensor, context_actions: torch.Tensor
     the draws are those of upstream's ``cem`` after ``torch.manual_seed(p.seed)``."""
     droid = p.action_space == "droid"
     device = context.device
+    assert p.seed is not None, "the planner draws a seed before calling cem"
     gen = torch.Generator(device=device).manual_seed(p.seed)
     width = 4 if droid else model.cfg.action_dim  # droid: dx, dy, dz, gripper
     maxnorm = 0.05 if droid and p.maxnorm is None else p.maxnorm

@@ -22,7 +22,7 @@ DEFAULT_MAX_FRAMES = 32  # frames a rollout may hold in the cache (context + pre
 # "*_latents" tasks start from given latents (a previous encode) instead of a video.
 TASKS = TaskWalks("main", {"encode": ("encode",), "rollout": ("encode", "rollout"), "plan": ("encode", "plan"),
                            "rollout_latents": ("rollout",), "plan_latents": ("plan",)}, default="rollout")
-PLAN_OUTPUTS = ("costs", "best_index", "plan_actions")
+PLAN_OUTPUTS = ("costs", "best_index", "plan_actions", "cem_seed")
 
 
 def load_config(checkpoint_dir: Path) -> dict[str, Any]:
