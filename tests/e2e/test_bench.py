@@ -102,3 +102,16 @@ def test_every_failed_request_is_counted(server, tmp_path: Path) -> None:
     summary = summarize(bench)
     assert (summary["requests"], summary["completed"], summary["failed"]) == (5, 0, 5)
     assert all(r.status == 404 and "no-such-model" in r.error for r in bench.records)
+
+
+def test_local_server_serves_then_stops(tmp_path: Path) -> None:
+    from mstar.bench import LocalServer
+
+    server = LocalServer(["--model", "toy", "--random-weights", "--preprocess-workers", "1"], env={**os.environ, "HOME": str(tmp_path)})
+    with server as url:
+        reqs = random_requests("chat", 3, input_words=3, max_tokens=4, ignore_eos=True)
+        summary = summarize(run(reqs, RunOptions(url)))
+        assert (summary["completed"], summary["total_output_tokens"]) == (3, 12)
+    assert server.proc is not None and server.proc.returncode == 0
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=2)

@@ -104,3 +104,12 @@ def test_random_prompts_are_seeded_and_jsonl_rows_override_fields(tmp_path: Path
     path.write_text('{"prompt": "ok"}\n[1]\n')
     with pytest.raises(ValueError, match=r"p.jsonl:2: expected a JSON object"):
         jsonl_requests("chat", path, None, None)
+
+
+def test_whole_chat_reads_usage_and_has_no_chunk_times() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert json.loads(request.content)["stream"] is False
+        return httpx.Response(200, json={"choices": [{"message": {"content": "abc"}}], "usage": USAGE["usage"]})
+
+    (rec,) = _run(handler, [BenchRequest("chat", {"messages": []})], stream=False)
+    assert rec.ok and (rec.prompt_tokens, rec.output_tokens) == (7, 3) and rec.chunk_times == []

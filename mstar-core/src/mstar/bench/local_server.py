@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 
@@ -23,7 +23,8 @@ class LocalServer:
     ``mstar serve ARGS`` (its log in a temporary file), waits until ``/health`` answers 200,
     and terminates it on exit."""
 
-    def __init__(self, args: Sequence[str], startup_timeout_s: float = 600.0) -> None:
+    def __init__(self, args: Sequence[str], startup_timeout_s: float = 600.0, env: Mapping[str, str] | None = None) -> None:
+        self.env = dict(env) if env is not None else None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [*args, "--port", str(self.port)]
@@ -34,7 +35,7 @@ class LocalServer:
     def __enter__(self) -> str:
         log = tempfile.NamedTemporaryFile(prefix="mstar-serve-", suffix=".log", delete=False)  # noqa: SIM115 (lives with the server)
         self.log_path = log.name
-        self.proc = subprocess.Popen([sys.executable, "-m", "mstar.cli", "serve", *self.args], stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([sys.executable, "-m", "mstar.cli", "serve", *self.args], stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
