@@ -12,8 +12,9 @@ is greedy and decodes exactly ``--tokens`` tokens. The same prompts and processo
 media tensors go to both sides.
 
 mstar: the c requests of a round are submitted at once to one in-process engine (continuous
-batching: encoders batched across requests, prefills mixed with decodes); TTFT is each
-request's time to its first token, throughput all generated tokens / the round's wall time.
+batching: encoders batched across requests, prefills mixed with decodes) and consumed by one
+asyncio loop; TTFT is each request's time to its first token, throughput all generated
+tokens / the round's wall time.
 transformers: the c requests as one left-padded batch in one ``generate`` call (its static
 batching); TTFT is the wall time of the same call with ``max_new_tokens=1``.
 Rounds alternate between the two sides; the median of ``--rounds`` is reported.
@@ -22,10 +23,10 @@ Rounds alternate between the two sides; the median of ``--rounds`` is reported.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -86,31 +87,29 @@ def build_requests(config: dict, mode: str, n: int) -> list[tuple[list[int], dic
 
 
 def run_mstar(engine, requests, tokens: int) -> tuple[float, list[float]]:
+    """All requests submitted at once; one event loop consumes every stream (no thread per
+    request competing with the engine thread)."""
     media = {"input_features": "audio", "pixel_values": "image"}
     sampling = {"temperature": 0, "max_tokens": tokens, "ignore_eos": True}
-    ttft: list[float] = [0.0] * len(requests)
-    done = threading.Barrier(len(requests) + 1)
+
+    async def one(ids: list[int], t: dict[str, torch.Tensor], start: float) -> float:
+        first = None
+        kwargs = {"media": [v for k, v in media.items() if k in t]}
+        async for out in engine.generate_async({"prompt_ids": torch.tensor(ids), **t}, sampling, kwargs=kwargs):
+            if first is None and out.signal == "tokens":
+                first = time.perf_counter() - start
+            assert out.error is None, out.error
+        assert first is not None
+        return first
+
+    async def all_requests() -> list[float]:
+        start = time.perf_counter()
+        return await asyncio.gather(*(one(ids, t, start) for ids, t in requests))
+
     start = time.perf_counter()
-
-    def consume(i: int, handle) -> None:
-        first = True
-        while True:
-            out = handle.queue.get()
-            if first and out.signal == "tokens":
-                ttft[i] = time.perf_counter() - start
-                first = False
-            if out.finished:
-                assert out.error is None, out.error
-                break
-        done.wait()
-
-    handles = [engine.add_request({"prompt_ids": torch.tensor(ids), **t}, sampling,
-                                  kwargs={"media": [v for k, v in media.items() if k in t]}) for ids, t in requests]
-    for i, h in enumerate(handles):
-        threading.Thread(target=consume, args=(i, h), daemon=True).start()
-    done.wait()
+    ttft = asyncio.run(all_requests())
     wall = time.perf_counter() - start
-    return len(requests) * tokens / wall, ttft
+    return len(requests) * tokens / wall, list(ttft)
 
 
 def hf_batch(requests, device: str, dtype: torch.dtype) -> dict:
