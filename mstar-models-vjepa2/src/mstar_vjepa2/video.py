@@ -3,7 +3,7 @@ sampling and the preprocessing of ``transformers``' ``VJEPA2VideoProcessor`` in 
 
 Why not call ``transformers``' processor: it needs ``torchvision``, whose registry wheels
 are CUDA builds that do not load beside the CPU ``torch`` pinned here. The steps below are
-the processor's (read from its source), and ``tests/vjepa2/test_preprocess.py`` checks the
+the processor's (read from its source), and ``tests/vjepa2/test_vjepa2_preprocess.py`` checks the
 output against the processor's own, recorded in a throw-away environment where it loads:
 
 1. resize so the short side is ``size.shortest_edge`` (long side ``int(S·long/short)``),
