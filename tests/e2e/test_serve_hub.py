@@ -61,6 +61,8 @@ def test_served_names_and_ready_line(hub_server) -> None:
     assert "model tiny (also tiny-2) [mstar-models-toy" in ready[0]
     assert "placement 0: lm, decoder on cpu" in ready[0]
     assert ready[0].endswith(f"| {hub_server.url}")
+    log = hub_server.log_tail(400)  # a log is no terminal: no progress bars in it
+    assert "starting engines" not in log and "loading lm weights" not in log and "%|" not in log
     tokens = int(re.search(r"KV capacity lm ([\d,]+) tokens", ready[0]).group(1).replace(",", ""))
     assert tokens == int(hub_server.metric("mstar_kv_blocks_total")) * 16  # the default block size
 
