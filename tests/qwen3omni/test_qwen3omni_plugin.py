@@ -35,3 +35,22 @@ def test_graph_validates_with_encoders_beside_the_thinker(omni_ckpt):
     graph.validate()
     assert set(graph.nodes) == {"thinker", "audio_encoder", "vision_encoder"}
     assert plugin.mstar_node_samplers(config)["thinker"].stop_token_ids == (151645, 151643)
+
+
+def test_bad_media_requests_fail_alone(omni_ckpt, omni_engines):
+    import torch
+
+    engine = omni_engines(omni_ckpt)
+    ids = torch.tensor([151644, 872, 198, 100, 151645, 198, 151644, 77091, 198])
+    image_prompt = torch.tensor([151644, 872, 198, 151652, *[151655] * 4, 151653, 151645, 198])
+    greedy = {"temperature": 0, "max_tokens": 2}
+    results = engine.run_batch([
+        {"inputs": {"prompt_ids": ids}, "sampling": greedy, "kwargs": {"media": ["smell"]}},
+        {"inputs": {"prompt_ids": ids}, "sampling": greedy, "kwargs": {"media": ["image"]}},
+        {"inputs": {"prompt_ids": image_prompt}, "sampling": greedy},
+        {"inputs": {"prompt_ids": ids}, "sampling": greedy},
+    ])
+    assert "unknown media kind" in results[0].error
+    assert "inputs lack ['pixel_values', 'image_grid_thw']" in results[1].error
+    assert "more image placeholders than image inputs" in results[2].error
+    assert results[3].error is None and len(results[3].cat("tokens")) == 2
