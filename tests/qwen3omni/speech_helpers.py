@@ -17,7 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mstar.attention.metadata import AttentionBatch
+from mstar.attention.torch_backend import TorchAttentionBackend
+from mstar.kv.cache_manager import KVCacheManager
+from mstar.model.submodule_base import (
+    CurrentForwardPassInfo,
+    ModelInputsFromEngine,
+    PerRequestState,
+)
+from mstar_qwen3omni.speech_loading import build_talker
 from mstar_qwen3omni.tiny_checkpoint import TINY_AUDIO, TINY_VISION
+from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
 CODEBOOK = 32
 TINY_THINKER_TEXT: dict[str, Any] = dict(
@@ -67,8 +77,6 @@ def _randomise(module: torch.nn.Module, seed: int, scale: float = 0.25) -> None:
 @cache
 def speech_model(seed: int = 0) -> tuple[Any, Path]:
     """(transformers reference model in float32 eval mode, checkpoint dir) — written once per session."""
-    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
-
     hidden = TINY_THINKER_TEXT["hidden_size"]
     towers = dict(  # tiny towers: the default ones are the released sizes
         audio_config={**TINY_AUDIO, "output_dim": hidden}, vision_config={**TINY_VISION, "out_hidden_size": hidden}
@@ -88,3 +96,55 @@ def speech_model(seed: int = 0) -> tuple[Any, Path]:
 
 def checkpoint_config(root: Path) -> dict[str, Any]:
     return json.loads((root / "config.json").read_text())
+
+
+class GreedySample:
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.tokens = tokens
+
+
+class GreedyRecorder:
+    """A sampler handle for tests: argmax for every label, recording (label, logits) per call
+    ("main" for the main sampler)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, torch.Tensor]] = []
+
+    def sample(self, logits: torch.Tensor) -> GreedySample:
+        self.calls.append(("main", logits.clone()))
+        return GreedySample(logits.argmax(-1))
+
+    def sample_aux(self, label: str, logits: torch.Tensor) -> GreedySample:
+        self.calls.append((label, logits.clone()))
+        return GreedySample(logits.argmax(-1))
+
+
+def load_talker_node(root: Path) -> Any:
+    return build_talker(checkpoint_config(root), root, "cpu").eval()
+
+
+class PagedSteps:
+    """Drives a KV node's contract the way the engine does (prepare_inputs, KV append, a
+    planned torch attention backend, preprocess, forward_batched) for a fixed set of rows."""
+
+    def __init__(self, node: Any, block_size: int = 4, num_blocks: int = 256) -> None:
+        layout = node.kv_cache_layout()
+        self.node = node
+        self.kv = KVCacheManager(layout.num_layers, layout.num_kv_heads, layout.head_dim, block_size, num_blocks, layout.dtype)
+        self.backend = TorchAttentionBackend(self.kv)
+        self.states: dict[str, Any] = {}
+
+    def step(self, walk: str, rows: dict[str, dict[str, torch.Tensor]], sampler: Any) -> Any:
+        infos = {rid: CurrentForwardPassInfo(request_id=rid, walk=walk, request_kwargs={}) for rid in rows}
+        inputs = [self.node.prepare_inputs(walk, infos[rid], signals) for rid, signals in rows.items()]
+        for rid, inp in zip(rows, inputs, strict=True):
+            self.states.setdefault(rid, PerRequestState())
+            assert self.kv.append(rid, "main", inp.input_seq_len)
+        batch = AttentionBatch.build([(rid, "main", inp.input_seq_len) for rid, inp in zip(rows, inputs, strict=True)], self.kv)
+        self.backend.plan(batch)
+        engine_inputs = ModelInputsFromEngine(
+            request_ids=list(rows), per_request_info=infos, per_request_states=self.states, attention=self.backend,
+            positions=batch.positions, qo_indptr=batch.qo_indptr, sampler=sampler,
+        )
+        kwargs = self.node.preprocess(walk, engine_inputs, inputs)
+        return self.node.forward_batched(walk, engine_inputs, **kwargs)

@@ -1,0 +1,41 @@
+"""Building the speech nodes' modules from a checkpoint directory (strict: every ``talker.*``
+or ``code2wav.*`` key fills a parameter and every parameter is filled) or at random."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mstar_qwen3omni.code2wav import Code2Wav
+from mstar_qwen3omni.code2wav_config import Code2WavConfig
+from mstar_qwen3omni.config import model_dtype
+from mstar_qwen3omni.talker import TalkerNode
+from mstar_qwen3omni.text_model import checkpoint_views
+from mstar_qwen3omni.weights import load_component
+
+
+def build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> TalkerNode:
+    dtype = model_dtype(config, device)
+    if checkpoint_dir is None:
+        node = TalkerNode(config, dtype)
+        node.init_random(float(config["talker_config"].get("initializer_range", 0.02)))
+        return node.to(device=device, dtype=dtype)
+    with torch.device("meta"):  # no random init of weights about to be overwritten
+        node = TalkerNode(config, dtype).to(dtype)
+    node = node.to_empty(device=device)
+    load_component(node.lm, Path(checkpoint_dir), "talker.", expand=checkpoint_views)
+    return node
+
+
+def build_code2wav(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Code2Wav:
+    """Code2Wav in float32 whatever the checkpoint's dtype (audio quality; it is small)."""
+    cfg = Code2WavConfig.from_config(config)
+    if checkpoint_dir is None:
+        return Code2Wav(cfg).to(device)
+    with torch.device("meta"):
+        module = Code2Wav(cfg)
+    module = module.to_empty(device=device)
+    load_component(module, Path(checkpoint_dir), "code2wav.")
+    return module.eval()

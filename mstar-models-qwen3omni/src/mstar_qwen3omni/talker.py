@@ -1,0 +1,240 @@
+"""Node ``talker``: the Qwen3-Omni Talker, a MoE codec LM on M*'s paged KV cache.
+
+Each step it reads one input embedding per new position, runs the decoder (QK-norm GQA
+attention with interleaved M-RoPE; every layer a sparse MoE with a sigmoid-gated shared
+expert, as transformers builds it whatever ``mlp_only_layers`` says), and from the last
+position's normed state samples a frame: code 0 from ``codec_head`` with the main sampler
+(the top 1024 ids except codec EOS suppressed, as transformers' generate does), then codes
+1..G-1 with the code predictor under the auxiliary label ``code_predictor`` (the piecewise
+region ``PIECEWISE_LABEL``). Outputs per row: ``codes`` [1, G] and ``frame_embed`` [1, H],
+the sum of the frame's code embeddings.
+
+Signals (one row = one request):
+
+- walk ``prefill``: ``talker_prompt_embeds`` [n, H], the prefill already in Talker width
+  (``talker_prompt.build_talker_prompt`` makes it from the Thinker's outputs); optionally
+  ``talker_positions`` [3, n] M-RoPE positions (default: 0..n-1 on every axis).
+- other walks (one frame per step): ``frame_embed`` [1, H] from the previous step and
+  ``thinker_text_embed`` [Ht], the Thinker-width embedding of this step's text (the next
+  trailing text token, then ``tts_eos``, then ``tts_pad``); the input is
+  ``frame_embed + text_projection(thinker_text_embed)``.
+
+``TalkerLM.hidden_states`` runs the same decoder outside the engine on a ``DenseKVCache``.
+Module names follow the checkpoint's ``talker.*`` keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from mstar.layers import PagedSelfAttention, RMSNorm
+from mstar.layers.mlp import ACTIVATIONS
+from mstar.model.submodule_base import (
+    ARNodeInputs,
+    ARNodeSubmodule,
+    BatchedModelOutput,
+    BatchedStopCheck,
+    CurrentForwardPassInfo,
+    KVCacheLayout,
+    ModelInputsFromEngine,
+    StopCheck,
+)
+from torch import nn
+
+from mstar_qwen3omni.code_predictor import CodePredictor
+from mstar_qwen3omni.mrope import MRotaryEmbedding
+from mstar_qwen3omni.talker_config import TalkerConfig
+from mstar_qwen3omni.talker_moe import SharedExpertMoeBlock
+
+PIECEWISE_LABEL = "code_predictor"
+PREFILL = "prefill"
+PROMPT_EMBEDS, POSITIONS = "talker_prompt_embeds", "talker_positions"
+FRAME_EMBED, TEXT_EMBED = "frame_embed", "thinker_text_embed"
+CODES = "codes"
+ROPE_DELTA = "talker_rope_delta"
+
+
+class ResizeMLP(nn.Module):
+    """Thinker width -> Talker width (``linear_fc2(act(linear_fc1(x)))``, with biases)."""
+
+    def __init__(self, cin: int, inner: int, cout: int, act: str) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(cin, inner, bias=True)
+        self.linear_fc2 = nn.Linear(inner, cout, bias=True)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(self.act(self.linear_fc1(x)))
+
+
+class TalkerLayer(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.self_attn = PagedSelfAttention(
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias, qk_norm_eps=cfg.rms_norm_eps
+        )
+        self.mlp = SharedExpertMoeBlock(
+            cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+            cfg.norm_topk_prob, cfg.shared_expert_intermediate_size,
+        )
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Any, layer: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TalkerModel(nn.Module):
+    """Decoder layers, final norm and the codec embedding (checkpoint prefix ``talker.model.``)."""
+
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(TalkerLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rope = MRotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
+        """[T, H] inputs of all rows (flat), [3, T] positions -> [T, H] normed hidden states."""
+        cos, sin = self.rope(positions, embeds.dtype)
+        x = embeds
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, attention, i)
+        return self.norm(x)
+
+
+class TalkerLM(nn.Module):
+    """Everything under ``talker.``: the decoder, the two projections from the Thinker, the
+    codec head and the code predictor."""
+
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = TalkerModel(cfg)
+        self.text_projection = ResizeMLP(cfg.thinker_hidden_size, cfg.intermediate_size, cfg.hidden_size, cfg.hidden_act)
+        self.hidden_projection = ResizeMLP(cfg.thinker_hidden_size, cfg.intermediate_size, cfg.hidden_size, cfg.hidden_act)
+        self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.code_predictor = CodePredictor(cfg.predictor)
+        # A plain attribute, not a buffer: it never meets a meta-device construction.
+        with torch.device("cpu"):
+            self.suppress_mask = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+            self.suppress_mask[cfg.suppressed_ids()] = True
+
+    def hidden_states(self, embeds: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
+        return self.model(embeds, positions, attention)
+
+    def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Code-0 logits with the never-sampled ids at -inf."""
+        if self.suppress_mask.device != hidden.device:
+            self.suppress_mask = self.suppress_mask.to(hidden.device)
+        return self.codec_head(hidden).masked_fill(self.suppress_mask, float("-inf"))
+
+    def sample_frame(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
+        """The piecewise region: code 0 (main sampler), the code predictor's depth loop
+        (aux label), and the frame's summed code embeddings."""
+        first = sampler.sample(static_inputs["logits"]).tokens
+        first_embed = self.model.codec_embedding(first)
+        residual, residual_embed = self.code_predictor(static_inputs["hidden"], first_embed, sampler)
+        return {CODES: torch.cat([first[:, None], residual], dim=1), FRAME_EMBED: first_embed + residual_embed}
+
+
+class TalkerNode(ARNodeSubmodule):
+    def __init__(self, config: dict[str, Any], dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.cfg = TalkerConfig.from_config(config)
+        self.dtype = dtype
+        self.lm = TalkerLM(self.cfg)
+
+    # ---- contract ----------------------------------------------------------------------
+    def kv_cache_layout(self) -> KVCacheLayout:
+        return KVCacheLayout(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, self.dtype)
+
+    def max_model_len(self) -> int:
+        return self.cfg.max_position_embeddings
+
+    def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
+        h = self.cfg.hidden_size
+        if info.walk == PREFILL:
+            embeds = torch.as_tensor(signals[PROMPT_EMBEDS])
+            if embeds.ndim != 2 or embeds.shape[1] != h or embeds.shape[0] == 0:
+                raise ValueError(f"{PROMPT_EMBEDS} must be [n >= 1, {h}], got {list(embeds.shape)}")
+            positions = signals.get(POSITIONS)
+            if positions is None:
+                return ARNodeInputs(input_embeds=embeds, input_seq_len=embeds.shape[0])
+            positions = torch.as_tensor(positions).to(torch.float32)
+            if positions.shape != (3, embeds.shape[0]):
+                raise ValueError(f"{POSITIONS} must be [3, {embeds.shape[0]}], got {list(positions.shape)}")
+            delta = float(positions.max()) + 1 - embeds.shape[0]
+            return ARNodeInputs(
+                input_embeds=embeds, custom_pos_ids=positions, input_seq_len=embeds.shape[0], kwargs={ROPE_DELTA: delta}
+            )
+        frame = torch.as_tensor(signals[FRAME_EMBED]).reshape(1, h)
+        text = torch.as_tensor(signals[TEXT_EMBED]).reshape(1, self.cfg.thinker_hidden_size)
+        return ARNodeInputs(input_embeds=frame, input_seq_len=1, tensor_inputs={TEXT_EMBED: text})
+
+    def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
+        device = self.lm.codec_head.weight.device
+        assert engine_inputs.positions is not None and engine_inputs.qo_indptr is not None
+        states = engine_inputs.per_request_states
+        deltas = []
+        for rid, inp in zip(engine_inputs.request_ids, inputs, strict=True):
+            if ROPE_DELTA in inp.kwargs and rid in states:
+                states[rid].add(ROPE_DELTA, inp.kwargs[ROPE_DELTA])
+            deltas.append(float(states[rid].get(ROPE_DELTA, 0.0)) if rid in states else 0.0)
+        counts = torch.tensor([i.input_seq_len for i in inputs])
+        pos = engine_inputs.positions.to(torch.float32).cpu() + torch.tensor(deltas).repeat_interleave(counts)
+        positions = pos.expand(3, -1).clone()
+        starts = engine_inputs.qo_indptr[:-1].tolist()
+        text_rows, texts = [], []
+        for start, inp in zip(starts, inputs, strict=True):
+            if inp.custom_pos_ids is not None:
+                positions[:, start : start + inp.input_seq_len] = inp.custom_pos_ids.to(torch.float32)
+            if TEXT_EMBED in inp.tensor_inputs:
+                text_rows.append(start)
+                texts.append(inp.tensor_inputs[TEXT_EMBED])
+        out: dict[str, Any] = {
+            "input_embeds": torch.cat([i.input_embeds for i in inputs]).to(device=device, dtype=self.dtype),
+            "positions": positions.to(device),
+        }
+        if texts:
+            out["text_rows"] = torch.tensor(text_rows, dtype=torch.long, device=device)
+            out["texts"] = torch.cat(texts).to(device=device, dtype=self.dtype)
+        return out
+
+    def forward_batched(
+        self,
+        graph_walk: str,
+        engine_inputs: ModelInputsFromEngine,
+        input_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        text_rows: torch.Tensor | None = None,
+        texts: torch.Tensor | None = None,
+    ) -> BatchedModelOutput:
+        embeds = input_embeds
+        if text_rows is not None and texts is not None:
+            embeds = embeds.index_add(0, text_rows, self.lm.text_projection(texts))
+        hidden = self.lm.hidden_states(embeds, positions, engine_inputs.attention)[engine_inputs.last_token_index.long()]
+        region = {"hidden": hidden, "logits": self.lm.codec_logits(hidden)}
+        runner = engine_inputs.piecewise_runners.get(PIECEWISE_LABEL)
+        out = runner(region) if runner is not None else self.lm.sample_frame(region, engine_inputs.sampler)
+        return BatchedModelOutput(row_outputs={CODES: out[CODES][:, None, :], FRAME_EMBED: out[FRAME_EMBED][:, None, :]})
+
+    def check_stop_batched(
+        self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput
+    ) -> BatchedStopCheck:
+        # Core applies max_tokens and stop ids; a codec-EOS frame carries no audio.
+        firsts = outputs.row_outputs[CODES][:, 0, 0].tolist()
+        eos = self.cfg.codec_eos_id
+        return BatchedStopCheck({rid: StopCheck(withheld=(CODES,)) for rid, tok in zip(request_ids, firsts, strict=True) if tok == eos})
+
+    def init_random(self, std: float) -> None:
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+            else:
+                nn.init.normal_(p, std=std)
