@@ -8,7 +8,7 @@
 
     .venv/bin/python benchmarks/vjepa2_throughput.py [--frames 16 --rounds 3 --horizon 12]
 
-Interleaved rounds, best of ``--rounds`` each. Ratios > 1 mean mstar is faster.
+Interleaved rounds, best of ``--rounds`` each. Ratios > 1 mean mstar (or the cache) is faster.
 """
 
 from __future__ import annotations
@@ -35,14 +35,18 @@ MID_AC = {**TINY_AC, "img_size": 128, "patch_size": 16, "embed_dim": 384, "encod
           "predictor_mlp_hidden": 1536}
 
 
-def best(fn, rounds: int) -> float:
-    fn()  # warm-up
-    times = []
+def best(fns: list, rounds: int) -> list[float]:
+    """Best time of each function over ``rounds``, the functions interleaved round by round
+    (a load spike on this shared machine then hits every side alike)."""
+    for fn in fns:
+        fn()  # warm-up
+    times = [[] for _ in fns]
     for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        for fn, ts in zip(fns, times, strict=True):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [min(ts) for ts in times]
 
 
 def encoder_table(ckpt: Path, frames: int, rounds: int) -> None:
@@ -66,7 +70,7 @@ def encoder_table(ckpt: Path, frames: int, rounds: int) -> None:
                     with torch.no_grad():
                         ref(clips, skip_predictor=task == "encode")
 
-                t_ours, t_ref = best(ours, rounds), best(theirs, rounds)
+                t_ours, t_ref = best([ours, theirs], rounds)
                 print(f"{task:16}{batch:>6}{batch / t_ours:>10.2f}{batch / t_ref:>14.2f}{t_ref / t_ours:>8.2f}")
 
 
@@ -86,9 +90,11 @@ def rollout_table(ckpt: Path, horizon: int, rounds: int) -> None:
             (out,) = eng.run_batch([req])
             assert out.error is None and len(out.signals["prediction"]) == horizon
 
-        t_engine = best(engine_run, rounds)
-        t_dense = best(lambda: rollout_cached(model, ctx, actions, states, horizon), rounds)
-        t_full = best(lambda: rollout_recompute(model, ctx, actions, states, horizon), rounds)
+        t_engine, t_dense, t_full = best([
+            engine_run,
+            lambda: rollout_cached(model, ctx, actions, states, horizon),
+            lambda: rollout_recompute(model, ctx, actions, states, horizon),
+        ], rounds)
     print(f"{'engine, paged KV':24}{horizon / t_engine:>10.2f}   vs recompute {t_full / t_engine:>6.2f}x")
     print(f"{'dense KV (planner path)':24}{horizon / t_dense:>10.2f}   vs recompute {t_full / t_dense:>6.2f}x")
     print(f"{'recompute every step':24}{horizon / t_full:>10.2f}")
