@@ -155,3 +155,23 @@ def test_registration_errors():
         g.add_request(1, SamplingParams(repetition_penalty=1.1), seed=1, prompt_ids=[8])
     with pytest.raises(ValueError, match=r"\[B, 8\]"):
         g.sample(torch.zeros(1, 9), torch.tensor([0]))
+
+
+def test_restore_undoes_the_penalty_history():
+    # A failed step is undone by restore: the next draws equal those after the snapshot.
+    vocab = 50
+    graph = CudaGraphableSampler(4, vocab)
+    params = SamplingParams(temperature=1.0, repetition_penalty=3.0, frequency_penalty=1.5)
+    for slot in range(3):
+        graph.add_request(slot, params, seed=slot, prompt_ids=[1, 2])
+    slots = torch.tensor([2, 0, 1])
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0))
+
+    def run(n):
+        return [graph.sample(logits, slots).tokens.tolist() for _ in range(n)]
+
+    run(3)
+    snap = graph.snapshot(slots)
+    first = run(4)
+    graph.restore(slots, snap)
+    assert run(4) == first

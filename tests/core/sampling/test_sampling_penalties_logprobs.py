@@ -113,3 +113,27 @@ def test_no_top_logprobs_when_nobody_asked():
     out = Sampler().sample(torch.tensor([LOGITS]), st)
     assert out.top_logprob_ids is None and out.top_logprob_values is None
     assert out.logprobs.shape == (1,)
+
+
+def test_sparse_penalties_equal_the_dense_formula():
+    # The CPU applies penalties at the seen tokens only; the dense formula (used off the
+    # CPU) runs every token through no-ops. Same values everywhere.
+    from mstar.sampling.kernel import penalise_dense, penalise_seen
+
+    gen = torch.Generator().manual_seed(4)
+    b, v = 6, 500
+    rows = [
+        SamplingParams(repetition_penalty=1.3), SamplingParams(presence_penalty=0.7, frequency_penalty=-0.4),
+        SamplingParams(), SamplingParams(repetition_penalty=0.8, frequency_penalty=1.1),
+        SamplingParams(presence_penalty=-1.5), SamplingParams(repetition_penalty=2.0, presence_penalty=0.3),
+    ]
+    st = SamplingTensors.from_rows(rows, [0] * b, [0] * b)
+    logits = torch.randn(b, v, generator=gen) * 3
+    counts = (torch.rand(b, v, generator=gen) < 0.05).int() * torch.randint(1, 4, (b, v), generator=gen).int()
+    prompt = torch.rand(b, v, generator=gen) < 0.03
+    seen = (counts > 0) | prompt
+    dense = penalise_dense(logits, st, seen, counts)
+    sparse = penalise_seen(logits, st, seen, counts)
+    assert torch.equal(dense, sparse)
+    assert not torch.equal(sparse, logits)  # the case penalises something
+    assert torch.equal(penalise_dense(logits, st, prompt, None), penalise_seen(logits, st, prompt, None))

@@ -17,7 +17,7 @@ from torch import Tensor
 from mstar.sampling.kernel import sample_batch
 from mstar.sampling.params import SamplingParams
 from mstar.sampling.seeds import MAX_SEED
-from mstar.sampling.tensors import SampleOutput, SamplingTensors
+from mstar.sampling.tensors import SampleOutput, SamplingTensors, SeenTokens
 
 TokenIds = Sequence[int] | Tensor
 
@@ -69,6 +69,9 @@ class CudaGraphableSampler:
 
         # Host mirror of registered params: answers "does anyone need X" without a sync.
         self._active: dict[int, SamplingParams] = {}
+        # On the CPU (host reads are free) the prompt and output tokens of each slot with
+        # penalties, so a step penalises just those instead of scanning [B, V] history.
+        self._seen: dict[int, set[int]] | None = {} if self.device.type == "cpu" else None
         self._needs_sort = False
         self._max_top_logprobs = 0
         self._any_sampled = False
@@ -126,6 +129,8 @@ class CudaGraphableSampler:
         if self._stop_mask is not None:
             self._stop_mask[slot].zero_()
             self._stop_mask[slot, stop] = True
+        if self._seen is not None and params.uses_penalties:
+            self._seen[slot] = set(prompt.tolist())
 
         self._active[slot] = params
         self._refresh_hints()
@@ -135,6 +140,8 @@ class CudaGraphableSampler:
         self._check_slot(slot)
         if self._active.pop(slot, None) is None:
             raise KeyError(f"slot {slot} has no request")
+        if self._seen is not None:
+            self._seen.pop(slot, None)
         self._refresh_hints()
 
     @property
@@ -194,13 +201,16 @@ class CudaGraphableSampler:
             )
         slot_ids = slot_ids.to(device=self.device, dtype=torch.int64)
         st = self.stage(slot_ids)
-        counts = prompt = stop = None
+        counts = prompt = stop = seen = None
         if self._counts is not None and self._prompt_mask is not None:
-            counts = self._counts.index_select(0, slot_ids)
-            prompt = self._prompt_mask.index_select(0, slot_ids)
+            if self._seen is not None:
+                seen = self._seen_tokens(slot_ids)
+            else:
+                counts = self._counts.index_select(0, slot_ids)
+                prompt = self._prompt_mask.index_select(0, slot_ids)
         if self._stop_mask is not None:
             stop = self._stop_mask.index_select(0, slot_ids)
-        out = sample_batch(logits, st, counts, prompt, stop)
+        out = sample_batch(logits, st, counts, prompt, stop, seen)
         self.commit(slot_ids, out.tokens, advance)
         return out
 
@@ -215,19 +225,41 @@ class CudaGraphableSampler:
             self._counts.index_put_(
                 (slot_ids, tokens), adv.to(torch.int32), accumulate=True
             )
+        if self._seen:
+            for slot, tok, a in zip(slot_ids.tolist(), tokens.tolist(), adv.tolist(), strict=True):
+                if a and slot in self._seen:
+                    self._seen[slot].add(tok)
 
-    def snapshot(self, slot_ids: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The rows' step counters and output counts, to undo a step that failed."""
+    def snapshot(self, slot_ids: Tensor) -> tuple[Tensor, Tensor | None, dict[int, set[int]]]:
+        """The rows' step counters and output history, to undo a step that failed."""
         counts = None if self._counts is None else self._counts.index_select(0, slot_ids)
-        return self._step.index_select(0, slot_ids), counts
+        seen = {}
+        if self._seen:
+            seen = {s: set(self._seen[s]) for s in slot_ids.tolist() if s in self._seen}
+        return self._step.index_select(0, slot_ids), counts, seen
 
-    def restore(self, slot_ids: Tensor, snap: tuple[Tensor, Tensor | None]) -> None:
-        steps, counts = snap
+    def restore(self, slot_ids: Tensor, snap: tuple[Tensor, Tensor | None, dict[int, set[int]]]) -> None:
+        steps, counts, seen = snap
         self._step.index_copy_(0, slot_ids, steps)
         if counts is not None and self._counts is not None:
             self._counts.index_copy_(0, slot_ids, counts)
+        if self._seen is not None:
+            self._seen.update(seen)
 
     # ---- internals ----
+
+    def _seen_tokens(self, slot_ids: Tensor) -> SeenTokens:
+        """The batch's penalised (row, token) pairs, from the host sets."""
+        assert self._seen is not None and self._counts is not None
+        rows: list[int] = []
+        cols: list[int] = []
+        for row, slot in enumerate(slot_ids.tolist()):
+            ids = self._seen.get(slot, ())
+            rows.extend([row] * len(ids))
+            cols.extend(ids)
+        r = torch.tensor(rows, dtype=torch.int64)
+        c = torch.tensor(cols, dtype=torch.int64)
+        return SeenTokens(r, c, self._counts[slot_ids[r], c])
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_slots:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from mstar.sampling.draw import ceil_to_float32, draw_tokens, inverse_cdf
-from mstar.sampling.tensors import SampleOutput, SamplingTensors
+from mstar.sampling.tensors import SampleOutput, SamplingTensors, SeenTokens
 
 
 def apply_penalties(
@@ -40,13 +40,42 @@ def apply_penalties(
         seen = seen_out
     else:
         seen = seen_out | prompt_mask
+    assert seen is not None
+    if logits.device.type == "cpu":
+        return penalise_seen(logits, st, seen, output_counts)
+    return penalise_dense(logits, st, seen, output_counts)
+
+
+def penalise_dense(logits: Tensor, st: SamplingTensors, seen: Tensor, counts: Tensor | None) -> Tensor:
+    """Every token through the penalty formula (no-ops where unseen): no host sync."""
     rp = st.repetition_penalty.unsqueeze(1)
     logits = torch.where(seen, torch.where(logits > 0, logits / rp, logits * rp), logits)
-    if output_counts is not None:
-        penalty = st.presence_penalty.unsqueeze(1) * seen_out
-        penalty = penalty + st.frequency_penalty.unsqueeze(1) * output_counts
+    if counts is not None:
+        penalty = st.presence_penalty.unsqueeze(1) * (counts > 0)
+        penalty = penalty + st.frequency_penalty.unsqueeze(1) * counts
         logits = logits - penalty
     return logits
+
+
+def penalise_seen(logits: Tensor, st: SamplingTensors, seen: Tensor, counts: Tensor | None) -> Tensor:
+    """The same formula on the seen tokens only (prompt and output: a few hundred of a
+    ~150k vocabulary); unseen tokens would only lose a zero. Costs a host sync."""
+    rows, cols = seen.nonzero(as_tuple=True)
+    at = counts[rows, cols] if counts is not None else torch.zeros_like(rows, dtype=torch.int32)
+    return penalise_at(logits, st, SeenTokens(rows, cols, at))
+
+
+def penalise_at(logits: Tensor, st: SamplingTensors, seen: SeenTokens) -> Tensor:
+    """Repetition, presence and frequency penalties at the given (row, token) pairs."""
+    rows, cols = seen.rows, seen.cols
+    v = logits[rows, cols]
+    rp = st.repetition_penalty[rows]
+    v = torch.where(v > 0, v / rp, v * rp)
+    c = seen.counts
+    v = v - (st.presence_penalty[rows] * (c > 0) + st.frequency_penalty[rows] * c)
+    out = logits.clone()
+    out[rows, cols] = v
+    return out
 
 
 def suppress_stop_tokens(logits: Tensor, st: SamplingTensors, stop_mask: Tensor | None) -> Tensor:
@@ -57,7 +86,16 @@ def suppress_stop_tokens(logits: Tensor, st: SamplingTensors, stop_mask: Tensor 
     return logits.masked_fill(stop_mask & active, float("-inf"))
 
 
-__all__ = ["apply_penalties", "ceil_to_float32", "inverse_cdf", "sample_batch", "suppress_stop_tokens"]
+__all__ = [
+    "apply_penalties",
+    "ceil_to_float32",
+    "inverse_cdf",
+    "penalise_at",
+    "penalise_dense",
+    "penalise_seen",
+    "sample_batch",
+    "suppress_stop_tokens",
+]
 
 
 def sample_batch(
@@ -66,14 +104,22 @@ def sample_batch(
     output_counts: Tensor | None = None,
     prompt_mask: Tensor | None = None,
     stop_mask: Tensor | None = None,
+    seen: SeenTokens | None = None,
 ) -> SampleOutput:
-    """Draw one token per row of ``logits`` [B, V] under per-row params ``st``."""
+    """Draw one token per row of ``logits`` [B, V] under per-row params ``st``.
+
+    ``seen`` replaces ``output_counts``/``prompt_mask`` when the caller knows the
+    penalised tokens sparsely (the graph-safe sampler on the CPU does).
+    """
     if logits.dim() != 2 or logits.shape[0] != st.batch_size:
         raise ValueError(
             f"logits must be [B, V] with B={st.batch_size}, got {tuple(logits.shape)}"
         )
     x = logits.to(torch.float32)
-    x = apply_penalties(x, st, output_counts, prompt_mask)
+    if seen is not None:
+        x = penalise_at(x, st, seen)
+    else:
+        x = apply_penalties(x, st, output_counts, prompt_mask)
     x = suppress_stop_tokens(x, st, stop_mask)
 
     tokens = draw_tokens(x, st)

@@ -93,6 +93,17 @@ class SamplingTensors:
 
 
 @dataclass(frozen=True)
+class SeenTokens:
+    """The (row, token) pairs of a batch that penalties act on (prompt and output tokens
+    of rows with penalties), each with its output count: the sparse form of
+    ``output_counts`` and ``prompt_mask``, for a caller that already knows them."""
+
+    rows: Tensor  # int64 [N]
+    cols: Tensor  # int64 [N]
+    counts: Tensor  # int32 [N]
+
+
+@dataclass(frozen=True)
 class SampleOutput:
     """Result of one sampling call.
 
