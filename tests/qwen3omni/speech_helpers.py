@@ -26,7 +26,7 @@ from mstar.model.submodule_base import (
     PerRequestState,
 )
 from mstar_qwen3omni.speech_loading import build_talker
-from mstar_qwen3omni.tiny_checkpoint import TINY_AUDIO, TINY_VISION
+from mstar_qwen3omni.tiny_checkpoint import THINKER_IDS, TINY_AUDIO, TINY_VISION
 from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
 CODEBOOK = 32
@@ -51,6 +51,11 @@ TINY_TALKER: dict[str, Any] = dict(
     codec_pad_id=CODEBOOK + 100, codec_bos_id=CODEBOOK + 101, codec_eos_token_id=CODEBOOK + 102,
     codec_nothink_id=CODEBOOK + 107, codec_think_bos_id=CODEBOOK + 108, codec_think_eos_id=CODEBOOK + 109,
     speaker_id={"ethan": CODEBOOK + 200, "chelsie": CODEBOOK + 201, "aiden": CODEBOOK + 202},
+)
+# Chat-role and TTS ids inside the tiny Thinker vocabulary (the released ones are ~151k).
+TINY_SPECIAL_IDS: dict[str, int] = dict(
+    im_start_token_id=500, im_end_token_id=501, user_token_id=502, assistant_token_id=503,
+    system_token_id=504, tts_pad_token_id=505, tts_bos_token_id=506, tts_eos_token_id=507,
 )
 TINY_CODE2WAV: dict[str, Any] = dict(
     codebook_size=CODEBOOK, num_quantizers=4, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -82,8 +87,8 @@ def speech_model(seed: int = 0) -> tuple[Any, Path]:
         audio_config={**TINY_AUDIO, "output_dim": hidden}, vision_config={**TINY_VISION, "out_hidden_size": hidden}
     )
     config = Qwen3OmniMoeConfig(
-        thinker_config=dict(text_config=TINY_THINKER_TEXT, **towers), talker_config=TINY_TALKER,
-        code2wav_config=TINY_CODE2WAV, enable_audio_output=True,
+        thinker_config=dict(text_config=TINY_THINKER_TEXT, **towers, **THINKER_IDS), talker_config=TINY_TALKER,
+        code2wav_config=TINY_CODE2WAV, enable_audio_output=True, **TINY_SPECIAL_IDS,
     )
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()

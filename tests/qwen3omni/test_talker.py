@@ -10,8 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 from mstar_qwen3omni.dense_attention import DenseKVCache
+from mstar_qwen3omni.speech_loading import build_code2wav
 from mstar_qwen3omni.talker import CODES, FRAME_EMBED, POSITIONS, PROMPT_EMBEDS, TEXT_EMBED
-from speech_helpers import GreedyRecorder, PagedSteps, load_talker_node, speech_model
+from mstar_qwen3omni.talker_prompt import ASSISTANT_ROWS, build_talker_prompt
+from speech_helpers import (
+    TINY_SPECIAL_IDS,
+    GreedyRecorder,
+    PagedSteps,
+    checkpoint_config,
+    load_talker_node,
+    speech_model,
+)
 
 TOL = 1e-4
 STEPS = 6
@@ -118,3 +127,63 @@ def test_prompt_positions_shape_is_checked(models):
     info = CurrentForwardPassInfo(request_id="r", walk="prefill", request_kwargs={})
     with pytest.raises(ValueError, match="talker_positions"):
         node.prepare_inputs("prefill", info, {PROMPT_EMBEDS: torch.zeros(4, node.cfg.hidden_size), POSITIONS: torch.zeros(3, 5)})
+
+
+def _chat(user: list[int]) -> torch.Tensor:
+    """system turn, user turn, open assistant turn (tiny ids: see speech_helpers)."""
+    s = TINY_SPECIAL_IDS
+    start, end, nl = s["im_start_token_id"], s["im_end_token_id"], 10
+    ids = [start, s["system_token_id"], nl, 40, 41, end, nl, start, s["user_token_id"], nl, *user, end, nl,
+           start, s["assistant_token_id"], nl]
+    return torch.tensor(ids)
+
+
+@torch.no_grad()
+def test_thinker_to_talker_to_audio_equals_generate_return_audio(models):
+    """transformers' generate(return_audio=True), greedy on both levels, against our Talker and
+    Code2Wav fed from the same Thinker run (its hidden states, as generate collects them):
+    the prefill, every frame's codes and the waveform, streamed 2 frames at a time."""
+    ref_talker, node = models
+    ref, root = speech_model()
+    s = TINY_SPECIAL_IDS
+    ids = _chat([60, 61, 62, 63, 64, 65])
+    thinker_kwargs = dict(max_new_tokens=8, eos_token_id=s["im_end_token_id"], do_sample=False)
+    max_frames = 12
+    seq, wav = ref.generate(
+        input_ids=ids[None], return_audio=True, speaker="Chelsie", thinker_max_new_tokens=8,
+        thinker_eos_token_id=s["im_end_token_id"], thinker_do_sample=False, talker_do_sample=False,
+        talker_repetition_penalty=1.0, talker_max_new_tokens=max_frames,
+    )
+    # The Thinker's run, collected as generate collects it.
+    run = ref.thinker.generate(input_ids=ids[None], output_hidden_states=True, return_dict_in_generate=True, **thinker_kwargs)
+    assert torch.equal(run.sequences, seq)
+    embeds = torch.cat([h[0] for h in run.hidden_states], dim=1)[0]
+    hidden = torch.cat([h[node.cfg.accept_hidden_layer] for h in run.hidden_states], dim=1)[0]
+    tts = ref.thinker.get_input_embeddings()(torch.tensor([s["tts_bos_token_id"], s["tts_eos_token_id"], s["tts_pad_token_id"]]))
+    prompt = build_talker_prompt(node.lm, ids, embeds, hidden[: ids.numel()], tts, "chelsie", (151675, 151655, 151656))
+    assert prompt.embeds.shape[0] == 3 + 6 + 2 + ASSISTANT_ROWS  # the user turn (no system turn), assistant rows
+    runner, frames, out = PagedSteps(node), [], None
+    for k in range(max_frames):
+        if k == 0:
+            rows = {"r": {PROMPT_EMBEDS: prompt.embeds}}
+        else:
+            text = prompt.trailing[k - 1] if k - 1 < len(prompt.trailing) else tts[2]
+            rows = {"r": {FRAME_EMBED: out.row_outputs[FRAME_EMBED][0], TEXT_EMBED: text}}
+        out = runner.step("prefill" if k == 0 else "decode", rows, GreedyRecorder())
+        codes = out.row_outputs[CODES][0, 0]
+        if int(codes[0]) == node.cfg.codec_eos_id:
+            break
+        frames.append(codes)
+    else:
+        frames = frames[:-1]  # at max_new_tokens transformers never completes the last frame
+    assert len(frames) >= 3, "the Talker spoke almost nothing: pick another prompt"
+    code2wav = build_code2wav(checkpoint_config(root), root, "cpu")
+    codes = torch.stack(frames, dim=1)  # [Q, T]
+    audio, states = [], [None]
+    for chunk in torch.split(codes, 2, dim=-1):
+        wavs, states = code2wav.stream_chunks([chunk], states)
+        audio.append(wavs[0])
+    ours = torch.cat(audio)
+    print(f"{len(frames)} frames; max |audio - transformers| = {(ours - wav[0, 0]).abs().max().item():.2e}")
+    assert ours.shape == wav[0, 0].shape
+    assert (ours - wav[0, 0]).abs().max().item() < 1e-5
