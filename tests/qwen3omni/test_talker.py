@@ -187,3 +187,39 @@ def test_thinker_to_talker_to_audio_equals_generate_return_audio(models):
     print(f"{len(frames)} frames; max |audio - transformers| = {(ours - wav[0, 0]).abs().max().item():.2e}")
     assert ours.shape == wav[0, 0].shape
     assert (ours - wav[0, 0]).abs().max().item() < 1e-5
+
+
+@torch.no_grad()
+def test_prefill_with_media_and_two_user_turns_equals_transformers_parts(models):
+    """Media placeholders in user turns take the projected accept-layer hidden state; a
+    closed assistant turn and the system turn are left out; the assistant rows and the
+    trailing text equal transformers' own ``_get_talker_user_parts`` /
+    ``_get_talker_assistant_parts`` on the same tensors."""
+    _, node = models
+    ref, _ = speech_model()
+    s = TINY_SPECIAL_IDS
+    start, end, nl, image, audio = s["im_start_token_id"], s["im_end_token_id"], 10, 151655, 151675
+    system = [start, s["system_token_id"], nl, 40, end, nl]  # rows 0-5
+    user1 = [start, s["user_token_id"], nl, 60, image, image, image, 61, end, nl]  # rows 6-15
+    answer = [start, s["assistant_token_id"], nl, 80, 81, end, nl]  # rows 16-22
+    user2 = [start, s["user_token_id"], nl, audio, audio, 62, end, nl]  # rows 23-30
+    ids = torch.tensor(system + user1 + answer + user2 + [start, s["assistant_token_id"], nl])
+    n0, generated = ids.numel(), torch.tensor([70, 71, 72, 73, end])
+    seq = torch.cat([ids, generated])
+    ht = node.cfg.thinker_hidden_size
+    embeds, hidden = _embeds(seq.numel() - 1, ht, seed=20), _embeds(seq.numel() - 1, ht, seed=21)
+    tts = _embeds(3, ht, seed=22)
+    ours = build_talker_prompt(node.lm, ids, embeds, hidden[:n0], tts, "Aiden", (audio, image, 151656))
+    media = ((seq == audio) | (seq == image))[None]
+    user_part = ref._get_talker_user_parts(0, n0, media, hidden[None], embeds[None])[0]
+    user_rows = list(range(6, 16)) + list(range(23, 31))
+    bos, eos, pad = ref.talker.text_projection(tts[None]).chunk(3, dim=1)
+    speaker = node.cfg.speaker_id("aiden")
+    assistant, assistant_ids, trailing = ref._get_talker_assistant_parts(n0 - 3, seq.numel(), speaker, embeds[None], pad, bos, eos)
+    expected = torch.cat([user_part[user_rows], assistant[0]])
+    assert ours.embeds.shape == expected.shape
+    assert (ours.embeds - expected).abs().max().item() < 1e-6
+    assert torch.equal(ours.position_ids, torch.cat([ids[user_rows], assistant_ids[0]]))
+    assert (node.lm.text_projection(ours.trailing) - trailing[0]).abs().max().item() < 1e-6
+    with pytest.raises(ValueError, match="unknown voice 'Nobody'.*aiden"):
+        build_talker_prompt(node.lm, ids, embeds, hidden[:n0], tts, "Nobody", (audio, image))
