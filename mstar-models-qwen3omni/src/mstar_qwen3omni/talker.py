@@ -173,7 +173,12 @@ class TalkerNode(ARNodeSubmodule):
             )
         frame = torch.as_tensor(signals[FRAME_EMBED]).reshape(1, h)
         text = torch.as_tensor(signals[TEXT_EMBED]).reshape(1, self.cfg.thinker_hidden_size)
-        return ARNodeInputs(input_embeds=frame, input_seq_len=1, tensor_inputs={TEXT_EMBED: text})
+        # The whole input embedding is built here, so the row's inputs stand alone (a cache
+        # recompute or a chunked prefill replays them without other state).
+        weight = self.lm.text_projection.linear_fc1.weight
+        with torch.inference_mode():
+            embed = frame.to(weight.device, weight.dtype) + self.lm.text_projection(text.to(weight.device, weight.dtype))
+        return ARNodeInputs(input_embeds=embed, input_seq_len=1)
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
         device = self.lm.codec_head.weight.device
@@ -188,21 +193,13 @@ class TalkerNode(ARNodeSubmodule):
         pos = engine_inputs.positions.to(torch.float32).cpu() + torch.tensor(deltas).repeat_interleave(counts)
         positions = pos.expand(3, -1).clone()
         starts = engine_inputs.qo_indptr[:-1].tolist()
-        text_rows, texts = [], []
         for start, inp in zip(starts, inputs, strict=True):
             if inp.custom_pos_ids is not None:
                 positions[:, start : start + inp.input_seq_len] = inp.custom_pos_ids.to(torch.float32)
-            if TEXT_EMBED in inp.tensor_inputs:
-                text_rows.append(start)
-                texts.append(inp.tensor_inputs[TEXT_EMBED])
-        out: dict[str, Any] = {
+        return {
             "input_embeds": torch.cat([i.input_embeds for i in inputs]).to(device=device, dtype=self.dtype),
             "positions": positions.to(device),
         }
-        if texts:
-            out["text_rows"] = torch.tensor(text_rows, dtype=torch.long, device=device)
-            out["texts"] = torch.cat(texts).to(device=device, dtype=self.dtype)
-        return out
 
     def forward_batched(
         self,
@@ -210,13 +207,8 @@ class TalkerNode(ARNodeSubmodule):
         engine_inputs: ModelInputsFromEngine,
         input_embeds: torch.Tensor,
         positions: torch.Tensor,
-        text_rows: torch.Tensor | None = None,
-        texts: torch.Tensor | None = None,
     ) -> BatchedModelOutput:
-        embeds = input_embeds
-        if text_rows is not None and texts is not None:
-            embeds = embeds.index_add(0, text_rows, self.lm.text_projection(texts))
-        hidden = self.lm.hidden_states(embeds, positions, engine_inputs.attention)[engine_inputs.last_token_index.long()]
+        hidden = self.lm.hidden_states(input_embeds, positions, engine_inputs.attention)[engine_inputs.last_token_index.long()]
         region = {"hidden": hidden, "logits": self.lm.codec_logits(hidden)}
         runner = engine_inputs.piecewise_runners.get(PIECEWISE_LABEL)
         out = runner(region) if runner is not None else self.lm.sample_frame(region, engine_inputs.sampler)
