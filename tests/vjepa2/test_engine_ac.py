@@ -147,3 +147,18 @@ def test_preempted_rollouts_replay_to_the_same_predictions(ref):
     for b, out in enumerate(outs):
         assert out.error is None, out.error
         assert (torch.cat(out.signals["prediction"]) - want[b]).abs().max().item() < TOL
+
+
+def test_rollouts_of_different_context_lengths_batch_together(engine, ref, predictor):
+    gen = torch.Generator().manual_seed(12)
+    reqs, wants = [], []
+    for tc, horizon in ((1, 4), (3, 2), (2, 3)):
+        ctx = ref["rollout_context"][0][:1].repeat(tc, 1, 1) + 0.1 * torch.randn(tc, 16, 48, generator=gen)
+        actions = 0.2 * torch.randn(tc - 1 + horizon, 7, generator=gen)
+        states = torch.rand(tc, 7, generator=gen)
+        reqs.append({"inputs": {"latents": ctx.flatten(0, 1), "actions": actions, "states": states},
+                     "kwargs": {"task": "rollout_latents"}})
+        wants.append(rollout_recompute(predictor, ctx[None], actions[None], states[None], horizon)[0])
+    for out, want in zip(engine.run_batch(reqs), wants, strict=True):
+        assert out.error is None, out.error
+        assert (torch.cat(out.signals["prediction"]) - want).abs().max().item() < TOL
