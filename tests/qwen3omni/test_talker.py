@@ -12,7 +12,7 @@ import torch
 from mstar_qwen3omni.dense_attention import DenseKVCache
 from mstar_qwen3omni.speech_loading import build_code2wav
 from mstar_qwen3omni.talker import CODES, FRAME_EMBED, POSITIONS, PROMPT_EMBEDS, TEXT_EMBED
-from mstar_qwen3omni.talker_prompt import ASSISTANT_ROWS, build_talker_prompt
+from mstar_qwen3omni.talker_prompt import ASSISTANT_ROWS, build_talker_prompt, talker_positions
 from speech_helpers import (
     TINY_SPECIAL_IDS,
     GreedyRecorder,
@@ -223,3 +223,25 @@ def test_prefill_with_media_and_two_user_turns_equals_transformers_parts(models)
     assert (node.lm.text_projection(ours.trailing) - trailing[0]).abs().max().item() < 1e-6
     with pytest.raises(ValueError, match="unknown voice 'Nobody'.*aiden"):
         build_talker_prompt(node.lm, ids, embeds, hidden[:n0], tts, "Nobody", (audio, image))
+
+
+@torch.no_grad()
+def test_image_prompt_positions_equal_transformers_talker(models):
+    """An image block in the user turn: the Talker's prefill positions (over user ids + pads)
+    equal transformers' Talker get_rope_index; a text-only request keeps 0..n-1."""
+    _, node = models
+    ref, root = speech_model()
+    s = TINY_SPECIAL_IDS
+    start, end, nl = s["im_start_token_id"], s["im_end_token_id"], 10
+    vs, ve, image = 151652, 151653, 151655
+    grid = torch.tensor([[1, 4, 6]])  # 1 x 2 x 3 merged patches -> 6 placeholders
+    ids = torch.tensor([start, s["user_token_id"], nl, 60, vs, *[image] * 6, ve, 61, end, nl, start, s["assistant_token_id"], nl])
+    ht = node.cfg.thinker_hidden_size
+    embeds = _embeds(ids.numel() + 1, ht, seed=30)
+    prompt = build_talker_prompt(node.lm, ids, embeds, embeds[: ids.numel()], _embeds(3, ht, seed=31), "ethan", (image,))
+    positions, delta = talker_positions(prompt, checkpoint_config(root), image_grid_thw=grid)
+    ids2d = prompt.position_ids[None]
+    expected, expected_delta = ref.talker.get_rope_index(ids2d, grid, None, torch.ones_like(ids2d), False, None, None)
+    assert not torch.equal(positions[1], positions[2])  # the image block spreads h and w
+    assert torch.equal(positions, expected[:, 0].float()) and delta == float(expected_delta)
+    assert talker_positions(prompt, checkpoint_config(root)) is None

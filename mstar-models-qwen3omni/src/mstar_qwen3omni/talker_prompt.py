@@ -40,10 +40,13 @@ of its vocabulary are never sampled); at ``max_new_tokens`` transformers drops t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from mstar_qwen3omni.positions import prompt_positions
 from mstar_qwen3omni.talker import TalkerLM
+from mstar_qwen3omni.talker_config import talker_multimodal_tokens
 
 ASSISTANT_ROWS = 9  # <|im_start|> assistant \n, 4 pads, tts_bos, first text token
 
@@ -116,4 +119,25 @@ def build_talker_prompt(
         embeds=torch.cat([text_part, assistant_text + codec]),
         position_ids=torch.cat([ids[users], torch.full((ASSISTANT_ROWS,), cfg.tts_pad_id, dtype=torch.long)]),
         trailing=torch.cat([thinker_embeds[a + 4 :], tts_embeds[1:2]]),
+    )
+
+
+def talker_positions(
+    prompt: TalkerPrompt,
+    config: dict[str, Any],
+    image_grid_thw: torch.Tensor | None = None,
+    video_grid_thw: torch.Tensor | None = None,
+    video_second_per_grid: torch.Tensor | None = None,
+    audio_feature_lengths: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, float] | None:
+    """The prefill's M-RoPE positions [3, n] and rope delta when the request has media (over
+    ``prompt.position_ids`` with the Talker config's ids and ``position_id_per_seconds``, as
+    transformers' Talker computes them); None for text-only requests (positions 0..n-1)."""
+    media = [image_grid_thw, video_grid_thw]
+    if audio_feature_lengths is None and not any(g is not None and g.numel() for g in media):
+        return None
+    return prompt_positions(
+        prompt.position_ids, talker_multimodal_tokens(config), image_grid_thw=image_grid_thw,
+        video_grid_thw=video_grid_thw, video_second_per_grid=video_second_per_grid,
+        audio_feature_lengths=audio_feature_lengths,
     )
