@@ -78,13 +78,25 @@ def test_causal_conv_streams_like_the_whole(x, sizes, kernel, dilation, groups) 
 
 
 @pytest.mark.parametrize("sizes", CHUNKINGS)
-@pytest.mark.parametrize("kernel,stride", [(4, 2), (10, 5), (9, 3), (3, 3)])
-def test_transposed_conv_streams_like_the_whole(x, sizes, kernel, stride) -> None:
-    up = CausalConvTranspose1d(4, 3, kernel, stride).double()
+@pytest.mark.parametrize("kernel,stride,trim_left", [(4, 2, 0), (10, 5, 0), (9, 3, 0), (3, 3, 0), (4, 2, 2), (10, 5, 5)])
+def test_transposed_conv_streams_like_the_whole(x, sizes, kernel, stride, trim_left) -> None:
+    up = CausalConvTranspose1d(4, 3, kernel, stride, trim_left).double()
     nn.init.normal_(up.conv.bias)  # a bias added twice on the overlap would show
     whole = up(x)
-    assert whole.shape[-1] == 40 * stride
+    assert whole.shape[-1] == 40 * stride - trim_left
+    if trim_left:  # as transformers' Qwen3-Omni Code2Wav: kernel - stride cut on both sides
+        torch.testing.assert_close(whole, up.conv(x)[..., trim_left : -(kernel - stride)], atol=0, rtol=0)
     torch.testing.assert_close(_stream(up, x, sizes), whole, atol=1e-12, rtol=0)
+
+
+def test_left_trimmed_streams_share_calls_only_at_the_same_stage(x) -> None:
+    up = CausalConvTranspose1d(4, 3, 4, 2, trim_left=2).double()
+    fresh, started = StreamState(), StreamState()
+    up(x[:1, :, :3], started)
+    together = StreamState.stack([StreamState(), StreamState()])
+    assert up(x[:, :, :3], together).shape[-1] == 3 * 2 - 2  # both first chunks: trimmed
+    with pytest.raises(ValueError, match="cannot share a call"):
+        up(x[:, :, 3:6], StreamState.stack([fresh, started]))
 
 
 @pytest.mark.parametrize("sizes", CHUNKINGS)

@@ -7,8 +7,9 @@ What a layer carries:
 - ``CausalConv1d`` (stride 1, left-padded): its last ``(kernel - 1) * dilation`` inputs.
   A fresh stream carries zeros, which is exactly the whole decode's zero padding.
 - ``CausalConvTranspose1d`` (output trimmed by ``kernel - stride`` on the right, so
-  ``stride`` outputs per input): the overlap-add tail, i.e. the ``kernel - stride``
-  outputs the chunk's last inputs already touched but later inputs will still add to.
+  ``stride`` outputs per input, optionally less ``trim_left`` at the start): the
+  overlap-add tail, i.e. the ``kernel - stride`` outputs the chunk's last inputs already
+  touched but later inputs will still add to (and whether the stream has started).
 - Sliding-window attention (``stream_positions`` + ``window_keys_values``): the keys and
   values of the last ``window - 1`` positions and the stream's position counter, so RoPE
   sees absolute positions and each query attends exactly the keys the whole decode gives it.
@@ -21,9 +22,8 @@ the node with chunks that carry no left context (``LeftContextChunks(chunk, 0, f
 Several streams share a call with ``StreamState.stack`` and ``split``; a fresh stream
 stacks as zeros, which every layer here treats as "nothing before".
 
-Not covered: strided causal convolutions and transposed convolutions that also trim on
-the left (e.g. decoder blocks that trim ``kernel - stride`` on both sides); those need a
-per-stream count of samples still to drop.
+Not covered: strided causal convolutions. With ``trim_left``, streams at their first chunk
+and streams past it need separate calls (their outputs differ in length).
 """
 
 from __future__ import annotations
@@ -107,32 +107,45 @@ class CausalConv1d(nn.Module):
 
 
 class CausalConvTranspose1d(nn.Module):
-    """Transposed conv whose right overhang (``kernel - stride``) is cut: exactly
-    ``stride`` outputs per input; ``.conv`` holds the checkpoint's weights."""
+    """Transposed conv whose right overhang (``kernel - stride``) is cut: ``stride`` outputs
+    per input, less ``trim_left`` at the very start (e.g. transformers' Qwen3-Omni Code2Wav
+    cuts ``kernel - stride`` on both sides); ``.conv`` holds the checkpoint's weights."""
 
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, trim_left: int = 0) -> None:
         super().__init__()
-        if kernel < stride:
-            raise ValueError(f"CausalConvTranspose1d needs kernel >= stride, got {kernel} < {stride}")
+        if kernel < stride or trim_left < 0:
+            raise ValueError(f"CausalConvTranspose1d needs kernel >= stride and trim_left >= 0, got {kernel}, {stride}, {trim_left}")
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.stride = stride
         self.trim = kernel - stride
+        self.trim_left = trim_left
 
     def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
         y = self.conv(x)
         n = x.shape[-1] * self.stride  # outputs no later input can touch
         if state is None:
-            return y[..., :n]
-        if not self.trim:
-            return y
-        carried = state.get(self)
-        if carried is not None:
-            y = torch.cat([y[..., : self.trim] + carried[0], y[..., self.trim :]], dim=-1)
-        tail = y[..., n:]
-        if self.conv.bias is not None:
-            tail = tail - self.conv.bias[:, None]  # the next chunk's outputs add their own bias
-        state.put(self, tail)
-        return y[..., :n]
+            return y[..., self.trim_left : n]
+        if self.trim:
+            carried = state.get(self)
+            if carried is not None:
+                y = torch.cat([y[..., : self.trim] + carried[0], y[..., self.trim :]], dim=-1)
+            tail = y[..., n:]
+            if self.conv.bias is not None:
+                tail = tail - self.conv.bias[:, None]  # the next chunk's outputs add their own bias
+            state.put(self, tail)
+        return y[..., self._start(state) : n]
+
+    def _start(self, state: StreamState) -> int:
+        """``trim_left`` on a stream's first chunk, else 0."""
+        if not self.trim_left:
+            return 0
+        key = (self, "started")
+        started = state.get(key)
+        first = started is None or not bool(started[0].any())
+        if started is not None and bool(started[0].any()) != bool(started[0].all()):
+            raise ValueError("streams at their start and streams past it cannot share a call (trim_left)")
+        state.put(key, torch.ones(state.batch, dtype=torch.bool, device=self.conv.weight.device))
+        return self.trim_left if first else 0
 
 
 def stream_positions(state: StreamState, owner: nn.Module, length: int, device: torch.device) -> torch.Tensor:
