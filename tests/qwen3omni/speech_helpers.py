@@ -140,16 +140,23 @@ class PagedSteps:
         self.states: dict[str, Any] = {}
 
     def step(self, walk: str, rows: dict[str, dict[str, torch.Tensor]], sampler: Any) -> Any:
-        infos = {rid: CurrentForwardPassInfo(request_id=rid, walk=walk, request_kwargs={}) for rid in rows}
-        inputs = [self.node.prepare_inputs(walk, infos[rid], signals) for rid, signals in rows.items()]
-        for rid, inp in zip(rows, inputs, strict=True):
+        infos = self.infos(walk, rows)
+        return self.run(walk, {rid: self.node.prepare_inputs(walk, infos[rid], sig) for rid, sig in rows.items()}, sampler)
+
+    def infos(self, walk: str, rows: Any) -> dict[str, CurrentForwardPassInfo]:
+        return {rid: CurrentForwardPassInfo(request_id=rid, walk=walk, request_kwargs={}) for rid in rows}
+
+    def run(self, walk: str, rows: dict[str, Any], sampler: Any) -> Any:
+        """One step over already prepared (or split) inputs."""
+        infos = self.infos(walk, rows)
+        for rid, inp in rows.items():
             self.states.setdefault(rid, PerRequestState())
             assert self.kv.append(rid, "main", inp.input_seq_len)
-        batch = AttentionBatch.build([(rid, "main", inp.input_seq_len) for rid, inp in zip(rows, inputs, strict=True)], self.kv)
+        batch = AttentionBatch.build([(rid, "main", inp.input_seq_len) for rid, inp in rows.items()], self.kv)
         self.backend.plan(batch)
         engine_inputs = ModelInputsFromEngine(
             request_ids=list(rows), per_request_info=infos, per_request_states=self.states, attention=self.backend,
             positions=batch.positions, qo_indptr=batch.qo_indptr, sampler=sampler,
         )
-        kwargs = self.node.preprocess(walk, engine_inputs, inputs)
+        kwargs = self.node.preprocess(walk, engine_inputs, list(rows.values()))
         return self.node.forward_batched(walk, engine_inputs, **kwargs)

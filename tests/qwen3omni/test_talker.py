@@ -245,3 +245,30 @@ def test_image_prompt_positions_equal_transformers_talker(models):
     assert not torch.equal(positions[1], positions[2])  # the image block spreads h and w
     assert torch.equal(positions, expected[:, 0].float()) and delta == float(expected_delta)
     assert talker_positions(prompt, checkpoint_config(root)) is None
+
+
+@torch.no_grad()
+def test_chunked_prefill_with_positions_equals_one_prefill(models):
+    """A prefill with 3-D positions split in chunks (as the engine's token budget does) gives
+    the frames of one whole prefill, and decode continues at the same rope delta."""
+    _, node = models
+    h, ht = node.cfg.hidden_size, node.cfg.thinker_hidden_size
+    embeds = _embeds(9, h, seed=40)
+    positions = torch.tensor([[0, 1, 2, 2, 2, 2, 4, 5, 6], [0, 1, 2, 2, 3, 3, 4, 5, 6], [0, 1, 2, 3, 2, 3, 4, 5, 6]])
+    signals = {PROMPT_EMBEDS: embeds, POSITIONS: positions}
+    text = _embeds(1, ht, seed=41)[0]
+
+    def frames(cuts: list[int]) -> list[torch.Tensor]:
+        runner = PagedSteps(node)
+        whole = node.prepare_inputs("prefill", runner.infos("prefill", ["r"])["r"], signals)
+        out = None
+        for a, b in zip([0, *cuts], [*cuts, 9], strict=True):
+            part = node.split_inputs("prefill", runner.infos("prefill", ["r"])["r"], whole, a, b)
+            out = runner.run("prefill", {"r": part}, GreedyRecorder())
+        got = [out.row_outputs[CODES][0, 0]]
+        out = runner.step("decode", {"r": {FRAME_EMBED: out.row_outputs[FRAME_EMBED][0], TEXT_EMBED: text}}, GreedyRecorder())
+        return [*got, out.row_outputs[CODES][0, 0]]
+
+    whole = frames([])
+    for cuts in ([4], [2, 7]):
+        assert all(torch.equal(x, y) for x, y in zip(frames(cuts), whole, strict=True)), cuts
