@@ -147,6 +147,27 @@ def test_a_multipart_file_upload_equals_the_base64_body(v_server):
     assert _error(bad)["param"] == "video"
 
 
+@torch.no_grad()
+def test_a_list_of_images_and_raw_frames_encode_like_their_pixels(v_server, v_ckpt):
+    from PIL import Image
+
+    cfg = from_hf_dict(load_config(v_ckpt))
+    model = VJEPA2(cfg).eval()
+    load_strict(model, read_state(v_ckpt, ""), "ref")
+    frames = torch.randint(0, 256, (2, 30, 22, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    pngs = []
+    for f in frames:
+        buf = io.BytesIO()
+        Image.fromarray(f.numpy()).save(buf, format="PNG")
+        pngs.append(base64.b64encode(buf.getvalue()).decode())
+    want, _ = model.encoder(preprocess(frames, VideoPreprocessing.for_crop(cfg.crop_size))[None])
+    with Client(v_server.url) as c:
+        from_images = c.generate({"video": pngs}, kwargs={"task": "encode"}).outputs["latents"]
+        from_frames = c.generate({"video": frames}, kwargs={"task": "encode"}).outputs["latents"]
+    assert (from_images - want[0]).abs().max().item() < TOL
+    assert torch.equal(from_images, from_frames)
+
+
 def test_sampling_frames_lets_a_long_video_in(v_server):
     with Client(v_server.url) as c:
         out = c.generate({"video": _file(_mp4(10))}, kwargs={"task": "encode", "num_frames": 4})
