@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 from mstar.layers.streaming import StreamState
+from mstar.model.submodule_base import (
+    CurrentForwardPassInfo,
+    ModelInputsFromEngine,
+    PerRequestState,
+)
 from mstar_qwen3omni.code2wav import Code2Wav
 from mstar_qwen3omni.code2wav_config import Code2WavConfig
+from mstar_qwen3omni.code2wav_node import AUDIO, CODE_CHUNK, Code2WavNode
 from mstar_qwen3omni.weights import load_component
 from speech_helpers import checkpoint_config, speech_model
 
@@ -99,3 +105,38 @@ def test_codes_outside_the_codebook_are_rejected(models):
         ours(torch.full((1, 4, 3), 32))
     with pytest.raises(ValueError, match="codes must be"):
         ours(torch.zeros(1, 3, 3, dtype=torch.long))
+
+
+def _node_steps(node, plans: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Feed each request's chunks [T, Q] through the node contract, one chunk per step, all
+    requests in each step; the per-request state lives in PerRequestState as the engine keeps it."""
+    states = {rid: PerRequestState() for rid in plans}
+    audio: dict[str, list[torch.Tensor]] = {rid: [] for rid in plans}
+    for step in range(max(len(c) for c in plans.values())):
+        rids = [rid for rid, chunks in plans.items() if step < len(chunks)]
+        infos = {rid: CurrentForwardPassInfo(request_id=rid, walk="code2wav", request_kwargs={}) for rid in rids}
+        inputs = [node.prepare_inputs("code2wav", infos[rid], {CODE_CHUNK: plans[rid][step]}) for rid in rids]
+        engine_inputs = ModelInputsFromEngine(request_ids=rids, per_request_info=infos, per_request_states=states)
+        out = node.forward_batched("code2wav", engine_inputs, **node.preprocess("code2wav", engine_inputs, inputs))
+        for rid in rids:
+            audio[rid].append(out.per_rid_outputs[rid][AUDIO])
+    return {rid: torch.cat(a) for rid, a in audio.items()}
+
+
+@torch.no_grad()
+def test_node_streams_equal_whole_decodes_and_bytes_do_not_depend_on_the_batch(models):
+    _, ours = models
+    node = Code2WavNode(checkpoint_config(speech_model()[1]), batch=4).eval()
+    node.code2wav.load_state_dict(ours.state_dict())
+    frames = {rid: _codes(1, FRAMES, seed=20 + i)[0].T for i, rid in enumerate("abc")}  # [T, Q]
+    plans = {
+        "a": list(torch.split(frames["a"], [3, 3, 3, 3, 3, 3, 3, 2])),
+        "b": list(torch.split(frames["b"], [1, 3, 3, 3, 3, 3, 3, 4])),
+        "c": list(torch.split(frames["c"], [3, 2, 3, 3, 3, 3, 6])),
+    }
+    together = _node_steps(node, plans)
+    alone = _node_steps(node, {"a": plans["a"]})
+    for rid in plans:
+        whole = ours(frames[rid].T[None])[0, 0]
+        assert (together[rid] - whole).abs().max().item() < TOL, rid
+    assert torch.equal(alone["a"], together["a"])

@@ -91,20 +91,26 @@ class Code2Wav(nn.Module):
         return self._decode(codes, state)
 
     def stream_chunks(
-        self, chunks: Sequence[torch.Tensor], states: Sequence[StreamState | None]
+        self, chunks: Sequence[torch.Tensor], states: Sequence[StreamState | None], batch: int | None = None
     ) -> tuple[list[torch.Tensor], list[StreamState]]:
         """Chunks [Q, T_i] of several streams (``None`` = a new stream) -> (audio [n_i] per
-        chunk, each stream's advanced state). Chunks of one length and phase (first or
-        later) share one call."""
+        chunk, each stream's advanced state). Chunks of one length and phase (first or later)
+        share calls; with ``batch`` every call has exactly that many rows (spare rows decode a
+        copy of a real row and are dropped), so a row's arithmetic, and its audio bytes, do
+        not depend on what else is decoded with it."""
         states = [s if s is not None else StreamState() for s in states]
         groups: dict[tuple[int, bool], list[int]] = {}
         for i, (chunk, s) in enumerate(zip(chunks, states, strict=True)):
             groups.setdefault((chunk.shape[-1], not s.entries), []).append(i)
         audio: list[torch.Tensor | None] = [None] * len(chunks)
         out_states: list[StreamState | None] = [None] * len(chunks)
-        for rows in groups.values():
-            state = StreamState.stack([states[i] for i in rows])
-            wav = self.stream(torch.stack([chunks[i] for i in rows]), state)
-            for i, w, s in zip(rows, wav[:, 0], state.split([1] * len(rows)), strict=True):
-                audio[i], out_states[i] = w, s
+        for group in groups.values():
+            size = batch or len(group)
+            for at in range(0, len(group), size):
+                rows = group[at : at + size]
+                spare = [rows[0]] * (size - len(rows))  # same phase as the real rows
+                state = StreamState.stack([states[i] for i in rows + spare])
+                wav = self.stream(torch.stack([chunks[i] for i in rows + spare]), state)
+                for i, w, s in zip(rows, wav[:, 0], state.split([1] * size), strict=False):
+                    audio[i], out_states[i] = w, s
         return audio, out_states  # type: ignore[return-value]
