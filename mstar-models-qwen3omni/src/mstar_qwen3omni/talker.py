@@ -11,9 +11,10 @@ the sum of the frame's code embeddings.
 
 Signals (one row = one request):
 
-- walk ``prefill``: ``talker_prompt_embeds`` [n, H], the prefill already in Talker width
-  (``talker_prompt.build_talker_prompt`` makes it from the Thinker's outputs); optionally
-  ``talker_positions`` [3, n] M-RoPE positions (default: 0..n-1 on every axis).
+- prefill walks (``prefill_walks``, default ``("prefill",)``): ``talker_prompt_embeds`` [n, H],
+  the prefill already in Talker width (``talker_prompt.build_talker_prompt`` makes it from the
+  Thinker's outputs); optionally ``talker_positions`` [3, n] M-RoPE positions
+  (``talker_prompt.talker_positions`` for media requests; default 0..n-1 on every axis).
 - other walks (one frame per step): ``frame_embed`` [1, H] from the previous step and
   ``thinker_text_embed`` [Ht], the Thinker-width embedding of this step's text (the next
   trailing text token, then ``tts_eos``, then ``tts_pad``); the input is
@@ -54,6 +55,11 @@ PROMPT_EMBEDS, POSITIONS = "talker_prompt_embeds", "talker_positions"
 FRAME_EMBED, TEXT_EMBED = "frame_embed", "thinker_text_embed"
 CODES = "codes"
 ROPE_DELTA = "talker_rope_delta"
+# transformers' generate(return_audio=True) defaults for code 0 (talker_* kwargs); the stop id
+# is the config's codec_eos_token_id. The residual codes: code_predictor.AUX_SAMPLING_DEFAULTS.
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "max_tokens": 4096,
+}
 
 
 class ResizeMLP(nn.Module):
@@ -142,10 +148,11 @@ class TalkerLM(nn.Module):
 
 
 class TalkerNode(ARNodeSubmodule):
-    def __init__(self, config: dict[str, Any], dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, config: dict[str, Any], dtype: torch.dtype = torch.float32, prefill_walks: tuple[str, ...] = (PREFILL,)) -> None:
         super().__init__()
         self.cfg = TalkerConfig.from_config(config)
         self.dtype = dtype
+        self.prefill_walks = prefill_walks
         self.lm = TalkerLM(self.cfg)
 
     # ---- contract ----------------------------------------------------------------------
@@ -157,7 +164,7 @@ class TalkerNode(ARNodeSubmodule):
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
         h = self.cfg.hidden_size
-        if info.walk == PREFILL:
+        if info.walk in self.prefill_walks:
             embeds = torch.as_tensor(signals[PROMPT_EMBEDS])
             if embeds.ndim != 2 or embeds.shape[1] != h or embeds.shape[0] == 0:
                 raise ValueError(f"{PROMPT_EMBEDS} must be [n >= 1, {h}], got {list(embeds.shape)}")
