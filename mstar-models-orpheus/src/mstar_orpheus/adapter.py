@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mstar.api import SPEECH, ApiAdapter, ApiError, EngineRequest
+from mstar.api import SPEECH, ApiAdapter, ApiError, EngineRequest, Voice
 from mstar.api.protocol import SpeechRequest
 
-from mstar_orpheus.prompt import VOICES, SpeechPrompt
+from mstar_orpheus.prompt import DEFAULT_VOICE, VOICES, SpeechPrompt
 
 
 class OrpheusApiAdapter(ApiAdapter):
@@ -20,6 +20,10 @@ class OrpheusApiAdapter(ApiAdapter):
     def __init__(self, config: dict[str, Any], checkpoint_dir: Path) -> None:
         self.sample_rate = int(config["snac"].get("sampling_rate", 24000))
         self.prompt = SpeechPrompt.from_config(config, checkpoint_dir)
+
+    def voices(self) -> list[Voice]:
+        # The finetuned checkpoint's speakers; it declares no languages. Default first.
+        return [Voice(name) for name in (DEFAULT_VOICE, *(v for v in VOICES if v != DEFAULT_VOICE))]
 
     def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
         if request.speed != 1.0:

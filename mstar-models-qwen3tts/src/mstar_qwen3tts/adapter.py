@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mstar.api import SPEECH, ApiAdapter, ApiError, EngineRequest
+from mstar.api import SPEECH, ApiAdapter, ApiError, EngineRequest, Voice
 from mstar.api.protocol import SpeechRequest
 
 from mstar_qwen3tts.config import Qwen3TTSConfig
@@ -54,6 +54,16 @@ class Qwen3TTSApiAdapter(ApiAdapter):
         from mstar_qwen3tts.text_tokenizer import encode
 
         return encode(self._tokenizer, text)
+
+    def voices(self) -> list[Voice]:
+        """The checkpoint's speakers (``spk_id``), each with the languages a request may name;
+        a dialect speaker speaks its dialect for Chinese and ``auto``."""
+        languages = tuple(self.cfg.languages)
+        dialects = self.cfg.talker.spk_is_dialect or {}
+        return [
+            Voice(name, languages, f"dialect: {dialects[name]}" if dialects.get(name) else None)
+            for name in self.cfg.speakers
+        ]
 
     def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
         extra = dict(request.model_extra or {})

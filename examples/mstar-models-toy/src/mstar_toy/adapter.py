@@ -6,7 +6,7 @@ import codecs
 from typing import Any
 
 import torch
-from mstar.api import CHAT, SPEECH, ApiAdapter, ApiError, EngineRequest, TextDecoder
+from mstar.api import CHAT, SPEECH, ApiAdapter, ApiError, EngineRequest, TextDecoder, Voice
 from mstar.api.protocol import ChatCompletionRequest, SpeechRequest
 
 from mstar_toy.config import BYTE_VOCAB, encode_text
@@ -47,6 +47,10 @@ class ToyApiAdapter(ApiAdapter):
             int(config["eos_token_id"]): "<|eos|>",
             int(config["pad_token_id"]): "<|pad|>",
         }
+
+    def voices(self) -> list[Voice]:
+        # One voice: the toy has no speakers and ignores a request's ``voice``.
+        return [Voice("alloy", description="the toy's only voice; any voice name is accepted and ignored")]
 
     def _prompt(self, text: str, param: str) -> EngineRequest:
         ids = encode_text(text, self.bos_token_id)

@@ -8,7 +8,8 @@ from mstar.api.adapter import (
     ApiAdapter,
     EngineRequest,
     TextDecoder,
+    Voice,
 )
 from mstar.api.errors import ApiError
 
-__all__ = ["CHAT", "COMPLETIONS", "GENERATE", "SPEECH", "ApiAdapter", "ApiError", "EngineRequest", "TextDecoder"]
+__all__ = ["CHAT", "COMPLETIONS", "GENERATE", "SPEECH", "ApiAdapter", "ApiError", "EngineRequest", "TextDecoder", "Voice"]

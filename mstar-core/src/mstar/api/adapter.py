@@ -55,6 +55,17 @@ class EngineRequest:
     prompt_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class Voice:
+    """One voice a speech model speaks with: ``name`` is what a request's ``voice`` field
+    takes; ``languages`` are the values the model accepts for the language it speaks in
+    (empty: the model does not say)."""
+
+    name: str
+    languages: tuple[str, ...] = ()
+    description: str | None = None
+
+
 class TextDecoder:
     """Turns one request's text-signal values into text deltas (stateful: a token may end
     mid-character). The default reads values as Unicode code points."""
@@ -89,6 +100,11 @@ class ApiAdapter:
 
     def serves(self, endpoint: str) -> bool:
         return endpoint == GENERATE or endpoint in self.endpoints
+
+    def voices(self) -> list[Voice]:
+        """The voices ``GET /v1/audio/voices`` lists; the first is the one a speech request
+        without ``voice`` gets. Default: none listed."""
+        return []
 
     # ---- requests → engine inputs (preprocess pool) ---------------------------------
     def chat_inputs(self, request: ChatCompletionRequest) -> EngineRequest:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import logging
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, WebSocket
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.staticfiles import StaticFiles
 
 from mstar import __version__
 from mstar.api.errors import ApiError, error_body, validation_error
@@ -29,13 +31,18 @@ from mstar.server.routes_chat import chat_completions
 from mstar.server.routes_completions import completions
 from mstar.server.routes_generate import generate, upload_request
 from mstar.server.routes_speech import speech
+from mstar.server.routes_voices import voices
+from mstar.server.routes_ws_speech import speech_stream
 from mstar.server.runtime import ServerRuntime
 from mstar.server.strict_json import StrictJSONRoute
+
+STATIC_DIR = Path(__file__).parent / "static"  # the playground page
 
 log = logging.getLogger("mstar.server")
 
 ENDPOINTS = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/generate", "/v1/generate/upload", "/health", "/metrics", "/version",
+    "/v1/audio/voices", "/",
 }
 
 
@@ -84,6 +91,20 @@ def _routes(app: FastAPI, rt: ServerRuntime) -> None:
     @app.post("/v1/audio/speech")
     async def audio_speech(body: SpeechRequest, request: Request) -> Response:
         return await speech(rt, body, request.receive)
+
+    @app.websocket("/v1/audio/speech/stream")
+    async def audio_speech_stream(websocket: WebSocket) -> None:
+        await speech_stream(rt, websocket)
+
+    @app.get("/v1/audio/voices", responses={404: {"description": "Unknown model"}})
+    async def audio_voices(model: str | None = None) -> dict[str, Any]:
+        return voices(rt, model)
+
+    @app.get("/", include_in_schema=False)
+    async def playground() -> Response:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.post("/v1/generate")
     async def native_generate(body: GenerateRequest, request: Request) -> Response:

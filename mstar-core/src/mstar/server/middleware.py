@@ -14,7 +14,12 @@ from mstar.server.metrics import ServerMetrics
 
 _json = msgspec.json.Encoder()
 # /docs, /redoc and /openapi.json need the key like the API itself.
-_OPEN_PATHS = ("/health", "/metrics", "/version")
+_OPEN_PATHS = ("/health", "/metrics", "/version", "/")
+_OPEN_PREFIXES = ("/static/",)  # the playground page's files: no data, the page asks for the key
+
+
+def _is_open(path: str) -> bool:
+    return path in _OPEN_PATHS or path.startswith(_OPEN_PREFIXES)
 
 
 async def send_error(send: Send, err: ApiError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -83,7 +88,7 @@ class ApiKeyAuth:
         self.key = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.key is None or scope["path"] in _OPEN_PATHS:
+        if scope["type"] != "http" or self.key is None or _is_open(scope["path"]):
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")

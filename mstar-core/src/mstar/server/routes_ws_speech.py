@@ -1,0 +1,254 @@
+"""``WS /v1/audio/speech/stream``: text in as it arrives, speech out sentence by sentence.
+
+Client → server (JSON text frames):
+
+- ``{"type": "session", ...}``: speech settings for the sentences cut from now on: any
+  ``/v1/audio/speech`` field but ``input``, ``response_format`` and ``stream_format``
+  (``model``, ``voice``, ``seed``, ``temperature``, ``max_tokens``, ``sampling``, ...), and
+  ``max_segment_chars`` (the splitter's limit, default 300). Optional: without it the
+  served model's defaults apply.
+- ``{"type": "text", "text": "..."}``: more text; each sentence it completes
+  (``mstar.server.sentences`` has the rule) becomes one speech request.
+- ``{"type": "flush"}``: the text so far ends (the rest becomes a last sentence); the
+  server answers ``{"type": "flushed"}`` once every sentence before it has been spoken.
+  The socket stays open for more text.
+
+Server → client, for each sentence in order: ``{"type": "start", "segment", "text",
+"request_id", "seed", "sample_rate", "encoding": "pcm_s16le", "channels": 1}``, binary
+frames of 16-bit little-endian mono PCM, then ``{"type": "end", "segment",
+"finish_reason", "samples"}``. A sentence that fails sends ``{"type": "error", "segment",
+"error": {...}}`` then its ``end`` (``finish_reason: "error"``); a bad message gets an
+``error`` without ``segment``; neither closes the socket. Closing the socket aborts every
+sentence still generating and frees its cache.
+
+Sentences generate at most ``LOOKAHEAD`` at a time (the next one starts while the current
+one streams), and are sent strictly in order. With the API key set, the upgrade request
+needs ``Authorization: Bearer KEY`` (else it is refused, HTTP 403).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from mstar.api.adapter import SPEECH, not_served
+from mstar.api.audio import to_pcm16
+from mstar.api.errors import ApiError, validation_error
+from mstar.api.protocol import SpeechRequest
+from mstar.api.sampling import request_sampling, resolve_sampling
+from mstar.server.execution import Execution
+from mstar.server.output_tracker import OutputTracker
+from mstar.server.runtime import ServerRuntime
+from mstar.server.sentences import SentenceSplitter
+from mstar.server.strict_json import loads_strict
+
+log = logging.getLogger("mstar.server")
+
+LOOKAHEAD = 2  # sentences generating (or waiting to be sent) at once
+_NOT_SETTINGS = ("input", "response_format", "stream_format")
+# Close codes (RFC 6455): policy violation (bad key, endpoint not served), try again later.
+_POLICY, _TRY_LATER = 1008, 1013
+
+
+@dataclass
+class _Segment:
+    index: int
+    text: str
+    request: SpeechRequest
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class _Flush:
+    """Marks a flush in the send order: ``segments`` sentences came before it."""
+
+    segments: int
+
+
+async def speech_stream(rt: ServerRuntime, ws: WebSocket) -> None:
+    if not _authorized(rt, ws):
+        await ws.close(_POLICY)  # before accept: the upgrade is refused with 403
+        return
+    if rt.draining or not rt.healthy:
+        await ws.close(_TRY_LATER)
+        return
+    await ws.accept()
+    if not rt.adapter.serves(SPEECH) or not rt.adapter.audio_signal:
+        await _send_json(ws, {"type": "error", **not_served(rt.model_name, "audio speech").body()})
+        await ws.close(_POLICY)
+        return
+    await _Session(rt, ws).run()
+
+
+def _authorized(rt: ServerRuntime, ws: WebSocket) -> bool:
+    key = rt.config.api_key
+    if not key:
+        return True
+    scheme, _, token = ws.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+class _Session:
+    def __init__(self, rt: ServerRuntime, ws: WebSocket) -> None:
+        self.rt = rt
+        self.ws = ws
+        self.settings: dict[str, Any] = {"model": rt.model_name}
+        self.splitter = SentenceSplitter()
+        self.order: asyncio.Queue[_Segment | _Flush] = asyncio.Queue()
+        self.slots = asyncio.Semaphore(LOOKAHEAD)
+        self.count = 0  # sentences so far
+        self.tasks: set[asyncio.Task] = set()  # sentences still generating
+        self.sample_rate = rt.adapter.sample_rate or 16000
+
+    async def run(self) -> None:
+        sender = asyncio.create_task(self._send_in_order())
+        try:
+            while True:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                if sender.done():  # the client stopped reading (send failed)
+                    return
+                await self._handle(message)
+        except WebSocketDisconnect:
+            return
+        finally:
+            # Closing (or losing) the socket aborts whatever still generates.
+            tasks = [sender, *self.tasks]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- client messages ---------------------------------------------------------------
+    async def _handle(self, message: dict[str, Any]) -> None:
+        if message.get("text") is None:
+            return await self._error(ApiError(400, "send JSON text frames; binary frames are not read", code="invalid_message"))
+        try:
+            body = loads_strict(message["text"].encode())
+        except json.JSONDecodeError as exc:
+            return await self._error(ApiError(400, f"the message is not valid JSON: {exc}", code="invalid_json"))
+        kind = body.get("type") if isinstance(body, dict) else None
+        if kind == "text":
+            text = body.get("text")
+            if not isinstance(text, str):
+                return await self._error(ApiError(400, "text: a string is required", param="text"))
+            for sentence in self.splitter.feed(text):
+                await self._speak(sentence)
+        elif kind == "flush":
+            for sentence in self.splitter.flush():
+                await self._speak(sentence)
+            self.order.put_nowait(_Flush(self.count))
+        elif kind == "session":
+            await self._configure(body)
+        else:
+            await self._error(ApiError(400, f"unknown message type {kind!r}; expected session, text or flush", param="type", code="invalid_message"))
+
+    async def _configure(self, body: dict[str, Any]) -> None:
+        fields = {k: v for k, v in body.items() if k != "type"}
+        bad = [k for k in _NOT_SETTINGS if k in fields]
+        if bad:
+            return await self._error(ApiError(400, f"{bad[0]} is not a session setting (text comes in text messages; audio is always pcm_s16le)", param=bad[0]))
+        max_chars = fields.pop("max_segment_chars", self.splitter.max_chars)
+        if not isinstance(max_chars, int) or isinstance(max_chars, bool) or not 1 <= max_chars <= 4000:
+            return await self._error(ApiError(400, "max_segment_chars must be an integer from 1 to 4000", param="max_segment_chars"))
+        settings = {"model": self.rt.model_name, **fields}
+        try:
+            req = self._request(settings, "x")
+            self.rt.check_model(req.model)
+            # Sampling values are checked now, not first when a sentence fails.
+            resolve_sampling(self.rt.node_samplers, self.rt.adapter.sampling_node, request_sampling(req, max_tokens=("max_tokens", req.max_tokens)))
+        except ApiError as exc:
+            return await self._error(exc)
+        self.settings = settings
+        self.splitter.max_chars = max_chars
+
+    def _request(self, settings: dict[str, Any], text: str) -> SpeechRequest:
+        try:
+            return SpeechRequest(**settings, input=text, response_format="pcm")
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+
+    async def _speak(self, sentence: str) -> None:
+        seg = _Segment(self.count, sentence, self._request(self.settings, sentence))
+        self.count += 1
+        self.order.put_nowait(seg)
+        task = asyncio.create_task(self._generate(seg))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _error(self, exc: ApiError, segment: int | None = None) -> None:
+        event: dict[str, Any] = {"type": "error", **exc.body()}
+        if segment is not None:
+            event["segment"] = segment
+        await _send_json(self.ws, event)
+
+    # ---- generation (one task per sentence) ------------------------------------------------
+    async def _generate(self, seg: _Segment) -> None:
+        """Runs one sentence and queues its events; the sender frees the slot."""
+        await self.slots.acquire()
+        ex = Execution(self.rt, SPEECH, prefix="speechws")
+        put = seg.events.put_nowait
+        try:
+            req = seg.request
+            await ex.start(req, request_sampling(req, max_tokens=("max_tokens", req.max_tokens)), [self.rt.adapter.audio_signal])
+            put({"type": "start", "segment": seg.index, "text": seg.text, "request_id": ex.request_id, "seed": ex.seed,
+                 "sample_rate": self.sample_rate, "encoding": "pcm_s16le", "channels": 1})
+            out = OutputTracker(self.rt, ex, self.rt.adapter.text_decoder())
+            async for batch in ex.batches():
+                _, audio = out.consume(batch)
+                if audio:
+                    put(to_pcm16(np.concatenate(audio)))
+            out.finish()
+            put({"type": "end", "segment": seg.index, "finish_reason": ex.finish_reason})
+        except ApiError as exc:
+            ex.finish_reason = "error"
+            put(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            ex.finish_reason = "error"
+            log.error("speech stream sentence %s failed", ex.request_id, exc_info=exc)
+            put(ApiError(500, f"internal error; the server log has the details under request id {ex.request_id}", code="internal_error"))
+        finally:
+            ex.close()
+
+    # ---- server messages, in order ---------------------------------------------------------
+    async def _send_in_order(self) -> None:
+        while True:
+            item = await self.order.get()
+            if isinstance(item, _Flush):
+                await _send_json(self.ws, {"type": "flushed", "segments": item.segments})
+                continue
+            try:
+                samples = 0
+                while True:
+                    event = await item.events.get()
+                    if isinstance(event, bytes):
+                        samples += len(event) // 2
+                        await self.ws.send_bytes(event)
+                    elif isinstance(event, ApiError):
+                        await self._error(event, item.index)
+                        await _send_json(self.ws, {"type": "end", "segment": item.index, "finish_reason": "error", "samples": samples})
+                        break
+                    elif event["type"] == "end":
+                        await _send_json(self.ws, {**event, "samples": samples})
+                        break
+                    else:
+                        await _send_json(self.ws, event)
+            finally:
+                self.slots.release()
+
+
+async def _send_json(ws: WebSocket, event: dict[str, Any]) -> None:
+    if ws.application_state == WebSocketState.CONNECTED:
+        with contextlib.suppress(RuntimeError):  # closed between the check and the send
+            await ws.send_json(event)

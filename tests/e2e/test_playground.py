@@ -1,0 +1,113 @@
+"""The playground page at ``/`` in a real headless browser (Debian's chromium, driven by
+Selenium through Debian's chromedriver): against ``mstar serve --model toy
+--random-weights`` with an API key, it speaks text (streamed PCM arrives, and the clip
+decodes to a non-empty AudioBuffer) and renders a streamed chat reply. A screenshot is
+saved beside the server log (the path is printed)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import API_KEY, ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("playground") / "server.log"
+    srv = ServerProcess(["--model", "toy", "--random-weights"], log, api_key=API_KEY)
+    try:
+        srv.start()
+        yield srv
+    finally:
+        try:
+            srv.stop()
+        finally:
+            srv.kill_all()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (CI installs Debian's chromium and chromium-driver; see .ci/run)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    assert CHROMEDRIVER is not None, "chromium is installed but chromedriver is not (apt-get install chromium-driver)"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1000",
+                "--autoplay-policy=no-user-gesture-required", "--mute-audio"):
+        opts.add_argument(arg)
+    # An explicit driver path: Selenium Manager never tries to download one.
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_page_is_served_without_the_key(server: ServerProcess) -> None:
+    page = httpx.get(f"{server.url}/", timeout=10)
+    assert page.status_code == 200 and "M* playground" in page.text
+    assert httpx.get(f"{server.url}/static/playground.js", timeout=10).status_code == 200
+    # The API itself still needs it.
+    assert httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 401
+
+
+def test_playground_speaks_and_chats_in_a_browser(server: ServerProcess, browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(f"{server.url}/")
+    by_id = lambda name: browser.find_element(By.ID, name)  # noqa: E731
+    key = by_id("api-key")
+    key.send_keys(API_KEY)
+    browser.execute_script("arguments[0].dispatchEvent(new Event('change'))", key)
+    wait.until(lambda _: by_id("voice").find_elements(By.TAG_NAME, "option"))
+    assert by_id("model").get_attribute("value") == "toy"
+    assert by_id("voice").get_attribute("value") == "alloy"
+    assert by_id("chat-panel").is_displayed() and by_id("speech-panel").is_displayed()
+
+    text = by_id("speech-text")
+    text.clear()
+    text.send_keys("Hello from a headless browser.")
+    by_id("speech-seed").send_keys("5")
+    by_id("speak").click()
+    status = by_id("speech-status")
+    wait.until(lambda _: status.get_attribute("data-state") in ("done", "error"))
+    assert status.get_attribute("data-state") == "done", by_id("error").text
+    streamed = int(status.get_attribute("data-bytes"))
+    decoded, decoded_rate = int(status.get_attribute("data-decoded-samples")), int(status.get_attribute("data-decoded-rate"))
+    # The page's bytes are the server's: the same request over HTTP gives as many samples.
+    body = {"model": "toy", "input": "Hello from a headless browser.", "response_format": "pcm", "seed": 5, "voice": "alloy"}
+    ref = httpx.post(f"{server.url}/v1/audio/speech", json=body, headers=server.headers, timeout=60).content
+    assert streamed == len(ref) > 0
+    # The browser decoded the whole clip (resampled to its audio context's rate).
+    assert abs(decoded - len(ref) // 2 * decoded_rate / 8000) <= 1
+    assert int(status.get_attribute("data-sample-rate")) == 8000
+
+    msg = by_id("chat-text")
+    msg.clear()
+    msg.send_keys("Hi there")
+    by_id("send").click()
+    reply = by_id("chat-reply")
+    wait.until(lambda _: reply.get_attribute("data-state") in ("done", "error"))
+    assert reply.get_attribute("data-state") == "done", by_id("error").text
+    assert reply.text.strip(), "the chat reply is empty"
+    assert "tokens" in by_id("chat-status").text
+
+    shot = Path(server.log_path).parent / "playground.png"
+    browser.save_screenshot(str(shot))
+    print(f"playground screenshot: {shot}")
+    assert shot.stat().st_size > 0
