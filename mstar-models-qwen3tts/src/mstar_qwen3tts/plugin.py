@@ -12,67 +12,30 @@ from pathlib import Path
 from typing import Any
 
 from mstar import hookimpl
-from mstar.graph import (
-    EngineKind,
-    GraphSpec,
-    LeftContextChunks,
-    LinearWalks,
-    Loop,
-    NodeSpec,
-    Signal,
-    Step,
-    StreamingEdge,
-    Walk,
-)
-from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig
+from mstar.graph import GraphSpec, LeftContextChunks, Signal
+from mstar.graph.shapes import prefill_decode_mixing, streaming_lm_graph
+from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig, lazy
 
-from mstar_qwen3tts.config import ARCHITECTURE, Qwen3TTSConfig, load_config
+from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
+from mstar_qwen3tts.factories import typed
 
-MODEL_NAME = "qwen3tts"
 REQUEST_INPUTS = ("text_ids", "codec_ids", "trailing_ids")
-
-
-def typed(config: dict[str, Any]) -> Qwen3TTSConfig:
-    return Qwen3TTSConfig.from_dict(config)
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
     s = typed(config).streaming
-    talker_step = Step("talker", inputs=("next_embed", "trailing_ids"), outputs=("codes", "next_embed"))
-    return GraphSpec(
-        nodes={"talker": NodeSpec("talker", EngineKind.KV_CACHE), "codec": NodeSpec("codec", EngineKind.STATELESS)},
-        signals={
-            "codes": Signal(
-                "codes",
-                to_client=True,
-                stream=StreamingEdge(
-                    "audio", "code_chunk",
-                    # A stateful codec carries its own past: chunks need no left context.
-                    LeftContextChunks(s.chunk, 0 if s.stateful else s.left_context, s.first_chunk), "code_context",
-                ),
-            ),
-            "next_embed": Signal("next_embed", persist=True),
-            "audio": Signal("audio", to_client=True),
-        },
-        walks={
-            "prefill": Walk("prefill", "talker", Step("talker", inputs=REQUEST_INPUTS, outputs=("codes", "next_embed"))),
-            "decode": Walk("decode", "talker", Loop("decode_loop", talker_step, stop_on=("talker",))),
-            "vocode": Walk(
-                "vocode",
-                "audio",
-                Loop("vocode_loop", Step("codec", inputs=("code_chunk", "code_context"), outputs=("audio",)),
-                     until_stream_closed="codes"),
-            ),
-        },
-        state_machine=LinearWalks({"talker": ("prefill", "decode"), "audio": ("vocode",)}),
+    return streaming_lm_graph(
+        lm="talker",
+        decoder="codec",
         request_inputs=REQUEST_INPUTS,
+        step_inputs=("next_embed", "trailing_ids"),
+        lm_outputs=("codes", "next_embed"),
+        stream="codes",
+        # A stateful codec carries its own past: chunks need no left context.
+        chunk_policy=LeftContextChunks(s.chunk, 0 if s.stateful else s.left_context, s.first_chunk),
+        chunk_inputs=("code_chunk", "code_context"),
+        signals={"codes": Signal("codes", to_client=True), "next_embed": Signal("next_embed", persist=True)},
     )
-
-
-def _write_tiny(path: Path) -> None:
-    from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
-
-    write_checkpoint(path)
 
 
 def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -98,52 +61,17 @@ def _example_token_ids(cfg: Qwen3TTSConfig) -> list[int]:
 @hookimpl
 def mstar_model_spec() -> ModelSpec:
     return ModelSpec(
-        name=MODEL_NAME,
-        aliases=("qwen3-tts", "qwen3-tts-customvoice"),
-        architectures=(ARCHITECTURE,),
         load_config=load_config,
         build_graph=build_graph,
-        write_tiny_checkpoint=_write_tiny,
+        write_tiny_checkpoint=lazy("mstar_qwen3tts.tiny_checkpoint:write_checkpoint"),
         default_placement={"talker": "0", "codec": "0"},
-        max_model_len=lambda cfg: typed(cfg).talker.max_position_embeddings,
         example_requests=_example_requests,
     )
 
 
-def _build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
-    import torch
-
-    from mstar_qwen3tts.talker import Talker
-    from mstar_qwen3tts.weights import load_talker
-
-    cfg = typed(config)
-    # Checkpoints are bf16; CPU runs float32 (bf16 matmuls there are slow and imprecise).
-    dtype = getattr(torch, cfg.torch_dtype) if torch.device(device).type == "cuda" else torch.float32
-    talker = Talker(cfg, dtype)
-    if checkpoint_dir is not None:
-        load_talker(talker, checkpoint_dir)
-    return talker.to(device=device, dtype=dtype)
-
-
-def _build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
-    import torch
-
-    from mstar_qwen3tts.codec_node import CodecNode
-    from mstar_qwen3tts.weights import load_codec
-
-    cfg = typed(config)
-    batch = cfg.streaming.codec_batch
-    if batch is None:  # a padded batch is nearly free on a GPU, not on a CPU
-        batch = 8 if torch.device(device).type == "cuda" else 1
-    node = CodecNode(cfg.codec, stateful=cfg.streaming.stateful, batch=batch)
-    if checkpoint_dir is not None:
-        load_codec(node, checkpoint_dir)
-    return node.to(device)
-
-
 @hookimpl
 def mstar_node_factories(config: dict) -> dict[str, Any]:
-    return {"talker": _build_talker, "codec": _build_codec}
+    return {"talker": lazy("mstar_qwen3tts.factories:build_talker"), "codec": lazy("mstar_qwen3tts.factories:build_codec")}
 
 
 @hookimpl
@@ -182,7 +110,7 @@ def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
 
 @hookimpl
 def mstar_mixed_batch_configs(model_name: str, config: dict) -> list[MixedBatchConfig]:
-    return [MixedBatchConfig(node="talker", walks=("prefill", "decode"), merged_walk="mixed", max_rows={"prefill": 4})]
+    return prefill_decode_mixing("talker")
 
 
 @hookimpl

@@ -132,8 +132,7 @@ class Talker(ARNodeSubmodule):
         hidden = self.model.norm(x[engine_inputs.last_token_index.long()])
         logits = self.codec_head(hidden).masked_fill(self.suppress_mask, float("-inf"))
         region = {"hidden": hidden, "logits": logits}
-        runner = engine_inputs.piecewise_runners.get(PIECEWISE_LABEL)
-        out = runner(region) if runner is not None else self.sample_frame(region, engine_inputs.sampler)
+        out = engine_inputs.run_region(PIECEWISE_LABEL, self.sample_frame, region)
         next_embed = out["frame_embed"] + self.text_embeds(next_text_ids)
         return BatchedModelOutput(row_outputs={"codes": out["codes"][:, None, :], "next_embed": next_embed[:, None, :]})
 
