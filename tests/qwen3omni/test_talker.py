@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mstar.layers import CheckpointMismatchError
 from mstar_qwen3omni.dense_attention import DenseKVCache
-from mstar_qwen3omni.speech_loading import build_code2wav
+from mstar_qwen3omni.speech_loading import build_code2wav, build_talker
 from mstar_qwen3omni.talker import CODES, FRAME_EMBED, POSITIONS, PROMPT_EMBEDS, TEXT_EMBED
 from mstar_qwen3omni.talker_prompt import ASSISTANT_ROWS, build_talker_prompt, talker_positions
+from safetensors.torch import load_file, save_file
 from speech_helpers import (
     TINY_SPECIAL_IDS,
     GreedyRecorder,
@@ -272,3 +274,18 @@ def test_chunked_prefill_with_positions_equals_one_prefill(models):
     whole = frames([])
     for cuts in ([4], [2, 7]):
         assert all(torch.equal(x, y) for x, y in zip(frames(cuts), whole, strict=True)), cuts
+
+
+def test_loading_is_strict_and_random_weights_build(models, tmp_path):
+    """A checkpoint missing one talker tensor fails naming it; --random-weights builds without files."""
+    _, root = speech_model()
+    tensors = load_file(str(root / "model.safetensors"))
+    dropped = "talker.model.layers.1.mlp.shared_expert_gate.weight"
+    del tensors[dropped]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text((root / "config.json").read_text())
+    with pytest.raises(CheckpointMismatchError, match="shared_expert_gate"):
+        build_talker(checkpoint_config(root), tmp_path, "cpu")
+    node = build_talker(checkpoint_config(root), None, "cpu")
+    out = PagedSteps(node).step("prefill", {"r": {PROMPT_EMBEDS: _embeds(3, node.cfg.hidden_size, seed=50)}}, GreedyRecorder())
+    assert out.row_outputs[CODES].shape == (1, 1, node.cfg.num_code_groups)
