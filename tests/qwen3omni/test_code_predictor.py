@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mstar_qwen3omni.code_predictor import AUX_LABEL
+from mstar.model.spec import NodeSamplers
+from mstar.sampling import MAIN_LABEL, MultiSampler, SamplingParams
+from mstar.sampling.resolve import resolve_node
+from mstar_qwen3omni.code_predictor import AUX_LABEL, AUX_SAMPLING_DEFAULTS
+from mstar_qwen3omni.talker import SAMPLING_DEFAULTS
 from speech_helpers import GreedyRecorder, load_talker_node, speech_model
 
 TOL = 1e-4
@@ -61,3 +65,41 @@ def test_teacher_forced_logits_equal_the_sampled_loop(models):
     loop = torch.stack([logits for _, logits in sampler.calls], dim=1)
     forced = node.lm.code_predictor.teacher_forced_logits(hidden, first_embed, codes)
     assert (forced - loop).abs().max().item() < 1e-5
+
+
+def _sampler(node, given: list[dict]) -> tuple[MultiSampler, torch.Tensor]:
+    """Core's MultiSampler with the Talker's labels, one slot per request config."""
+    main = SamplingParams(**{k: v for k, v in SAMPLING_DEFAULTS.items() if k != "max_tokens"})
+    decl = NodeSamplers(
+        vocab_size=node.cfg.vocab_size, main=main, aux={AUX_LABEL: SamplingParams(**AUX_SAMPLING_DEFAULTS)},
+        aux_vocab_sizes={AUX_LABEL: node.cfg.predictor.vocab_size},
+    )
+    sampler = MultiSampler(
+        {MAIN_LABEL: decl.main, **decl.aux}, {MAIN_LABEL: decl.vocab_size, **decl.aux_vocab_sizes}, max_slots=len(given)
+    )
+    for slot, g in enumerate(given):
+        sampler.add_request(slot, resolve_node(decl, g)[0])
+    return sampler, torch.arange(len(given))
+
+
+@torch.no_grad()
+def test_frames_through_core_samplers_follow_each_label(models):
+    """Code 0 through the main label, residual codes through ``code_predictor``: a request
+    greedy on one label and sampled on the other gets exactly that, and a seeded request's
+    frame does not depend on the batch it is drawn in."""
+    _, node = models
+    gen = torch.Generator().manual_seed(7)
+    hidden = torch.randn(2, node.cfg.hidden_size, generator=gen)
+    region = {"hidden": hidden, "logits": node.lm.codec_logits(hidden)}
+    greedy_main = {"main": {"temperature": 0}, "aux": {AUX_LABEL: {"temperature": 1.0, "seed": 3}}}
+    greedy_aux = {"main": {"temperature": 1.0, "seed": 5}, "aux": {AUX_LABEL: {"temperature": 0}}}
+    sampler, slots = _sampler(node, [greedy_main, greedy_aux])
+    frames = node.lm.sample_frame(region, sampler.bind(slots))["codes"]
+    assert int(frames[0, 0]) == int(region["logits"][0].argmax())
+    first_embed = node.lm.model.codec_embedding(frames[1, :1])
+    forced = node.lm.code_predictor.teacher_forced_logits(hidden[1:], first_embed, frames[1:, 1:])
+    assert torch.equal(frames[1, 1:], forced[0].argmax(-1))
+    # The seeded greedy-aux request alone gives the same frame.
+    alone, slot = _sampler(node, [greedy_aux])
+    single = {"hidden": hidden[1:], "logits": region["logits"][1:]}
+    assert torch.equal(node.lm.sample_frame(single, alone.bind(slot))["codes"][0], frames[1])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mstar.layers import CheckpointMismatchError
+from mstar.model.submodule_base import CurrentForwardPassInfo
 from mstar_qwen3omni.dense_attention import DenseKVCache
 from mstar_qwen3omni.speech_loading import build_code2wav, build_talker
 from mstar_qwen3omni.talker import CODES, FRAME_EMBED, POSITIONS, PROMPT_EMBEDS, TEXT_EMBED
@@ -124,8 +125,6 @@ def test_ragged_batch_generation_equals_transformers(models):
 
 def test_prompt_positions_shape_is_checked(models):
     _, node = models
-    from mstar.model.submodule_base import CurrentForwardPassInfo
-
     info = CurrentForwardPassInfo(request_id="r", walk="prefill", request_kwargs={})
     with pytest.raises(ValueError, match="talker_positions"):
         node.prepare_inputs("prefill", info, {PROMPT_EMBEDS: torch.zeros(4, node.cfg.hidden_size), POSITIONS: torch.zeros(3, 5)})
