@@ -5,8 +5,10 @@ builds them (one request; the batched version there only pads and masks).
 From the Thinker it needs, per position of the Thinker sequence (prompt + generated text):
 its input embedding ``E`` (``hidden_states[0]``: token embeddings, and encoder features at
 media placeholders) and, at media placeholders of the prompt, the hidden state ``A`` after
-decoder layer ``accept_hidden_layer`` (``hidden_states[accept_hidden_layer]``, before any
-deepstack addition). ``text_projection`` (TP) and ``hidden_projection`` (HP) are the Talker's.
+decoder layer ``accept_hidden_layer`` - 1 (``hidden_states[accept_hidden_layer]``: index 0 is
+the input embeddings; a layer's output before any deepstack addition; the final *normed*
+state when ``accept_hidden_layer`` equals the layer count). ``text_projection`` (TP) and
+``hidden_projection`` (HP) are the Talker's.
 
 Prefill (n_user + 9 rows, summed text + codec parts):
 
