@@ -96,6 +96,8 @@ def test_playground_speaks_and_chats_in_a_browser(server: ServerProcess, browser
     # The browser decoded the whole clip (resampled to its audio context's rate).
     assert abs(decoded - len(ref) // 2 * decoded_rate / 8000) <= 1
     assert int(status.get_attribute("data-sample-rate")) == 8000
+    # The streamed chunks were scheduled on the audio context and played to their end.
+    wait.until(lambda _: int(status.get_attribute("data-played-chunks")) >= 1)
 
     msg = by_id("chat-text")
     msg.clear()

@@ -198,6 +198,8 @@ class _Session:
         ex = Execution(self.rt, SPEECH, prefix="speechws")
         put = seg.events.put_nowait
         try:
+            if self.rt.draining:
+                raise ApiError(503, "the server is shutting down; reconnect to another instance or later", code="server_shutting_down")
             req = seg.request
             await ex.start(req, request_sampling(req, max_tokens=("max_tokens", req.max_tokens)), [self.rt.adapter.audio_signal])
             put({"type": "start", "segment": seg.index, "text": seg.text, "request_id": ex.request_id, "seed": ex.seed,
