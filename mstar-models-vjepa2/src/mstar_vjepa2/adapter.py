@@ -44,10 +44,13 @@ def _bad(name: str, message: str) -> ApiError:
 class _VideoAdapter(ApiAdapter):
     """Shared by both models: video decoding and the float tensor inputs."""
 
-    def warmup_request(self) -> None:
-        # The server's warm-up runs chat/speech requests only (a GenerateRequest there has
-        # no sampling fields); without one it skips warm-up and logs so.
-        return None
+    def warmup_request(self) -> GenerateRequest:
+        """Encode one two-frame clip of raw RGB frames: decoding, preprocessing and the
+        encoder all run once before the server opens its port."""
+        from mstar.api.tensors import tensor_to_json
+
+        frames = torch.full((2, self.crop, self.crop, 3), 128, dtype=torch.uint8)
+        return GenerateRequest(model="", inputs={"video": tensor_to_json(frames)}, kwargs={"task": "encode"})
 
     tasks: Any
     crop: int

@@ -18,7 +18,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from mstar.api.adapter import CHAT, SPEECH
+from mstar.api.adapter import CHAT, GENERATE, SPEECH
 from mstar.api.errors import ApiError
 from mstar.server.admission import Admission
 from mstar.server.config import ServerConfig
@@ -208,11 +208,16 @@ class ServerRuntime:
         if request is None:
             log.info("the model's adapter names no warm-up request; skipping warm-up")
             return
-        endpoint = CHAT if CHAT in self.adapter.endpoints and hasattr(request, "messages") else SPEECH
-        ex = Execution(self, endpoint, prefix="warmup")
+        from mstar.api.protocol import GenerateRequest
         from mstar.api.sampling import request_sampling
 
-        await ex.start(request, request_sampling(request, max_tokens=("max_tokens", getattr(request, "max_tokens", None))), None)
+        if isinstance(request, GenerateRequest):  # the native route: its own sampling form
+            endpoint, sampling = GENERATE, request.sampling
+        else:
+            endpoint = CHAT if CHAT in self.adapter.endpoints and hasattr(request, "messages") else SPEECH
+            sampling = request_sampling(request, max_tokens=("max_tokens", getattr(request, "max_tokens", None)))
+        ex = Execution(self, endpoint, prefix="warmup")
+        await ex.start(request, sampling, getattr(request, "signals", None))
         try:
             async for _ in ex.batches():
                 pass
