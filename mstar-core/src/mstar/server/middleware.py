@@ -80,8 +80,9 @@ class Draining:
 
 
 class ApiKeyAuth:
-    """``Authorization: Bearer <key>`` on every endpoint but health, metrics and version
-    (the API docs and schema included)."""
+    """``Authorization: Bearer <key>`` on every endpoint but health, metrics, version and
+    the playground page's files (the API docs and schema included). WebSocket routes
+    check the key themselves."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app = app
