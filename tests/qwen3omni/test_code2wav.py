@@ -13,7 +13,8 @@ from mstar.model.submodule_base import (
 )
 from mstar_qwen3omni.code2wav import Code2Wav
 from mstar_qwen3omni.code2wav_config import Code2WavConfig
-from mstar_qwen3omni.code2wav_node import AUDIO, CODE_CHUNK, Code2WavNode
+from mstar_qwen3omni.code2wav_node import AUDIO, CODE_CHUNK
+from mstar_qwen3omni.speech_loading import build_code2wav_node
 from mstar_qwen3omni.weights import load_component
 from speech_helpers import checkpoint_config, speech_model
 
@@ -126,8 +127,8 @@ def _node_steps(node, plans: dict[str, list[torch.Tensor]]) -> dict[str, torch.T
 @torch.no_grad()
 def test_node_streams_equal_whole_decodes_and_bytes_do_not_depend_on_the_batch(models):
     _, ours = models
-    node = Code2WavNode(checkpoint_config(speech_model()[1]), batch=4).eval()
-    node.code2wav.load_state_dict(ours.state_dict())
+    root = speech_model()[1]
+    node = build_code2wav_node(checkpoint_config(root), root, "cpu", batch=4)
     frames = {rid: _codes(1, FRAMES, seed=20 + i)[0].T for i, rid in enumerate("abc")}  # [T, Q]
     plans = {
         "a": list(torch.split(frames["a"], [3, 3, 3, 3, 3, 3, 3, 2])),

@@ -10,6 +10,7 @@ import torch
 
 from mstar_qwen3omni.code2wav import Code2Wav
 from mstar_qwen3omni.code2wav_config import Code2WavConfig
+from mstar_qwen3omni.code2wav_node import Code2WavNode
 from mstar_qwen3omni.config import model_dtype
 from mstar_qwen3omni.talker import TalkerNode
 from mstar_qwen3omni.text_model import checkpoint_views
@@ -39,3 +40,14 @@ def build_code2wav(config: dict[str, Any], checkpoint_dir: Path | None, device: 
     module = module.to_empty(device=device)
     load_component(module, Path(checkpoint_dir), "code2wav.")
     return module.eval()
+
+
+def build_code2wav_node(config: dict[str, Any], checkpoint_dir: Path | None, device: str, batch: int = 1) -> Code2WavNode:
+    """The ``code2wav`` node (float32) with its weights; ``batch``: rows per decoder call."""
+    if checkpoint_dir is None:
+        return Code2WavNode(config, batch).to(device)
+    with torch.device("meta"):
+        node = Code2WavNode(config, batch)
+    node = node.to_empty(device=device)
+    load_component(node.code2wav, Path(checkpoint_dir), "code2wav.")
+    return node.eval()
