@@ -118,7 +118,10 @@ class _Session:
                     return
                 if sender.done():  # the client stopped reading (send failed)
                     return
-                await self._handle(message)
+                try:
+                    await self._handle(message)
+                except ApiError as exc:
+                    await self._error(exc)
         except WebSocketDisconnect:
             return
         finally:
@@ -194,10 +197,10 @@ class _Session:
     # ---- generation (one task per sentence) ------------------------------------------------
     async def _generate(self, seg: _Segment) -> None:
         """Runs one sentence and queues its events; the sender frees the slot."""
-        await self.slots.acquire()
-        ex = Execution(self.rt, SPEECH, prefix="speechws")
+        ex = Execution(self.rt, SPEECH, prefix="speechws")  # arrival (for TTFA): the cut
         put = seg.events.put_nowait
         try:
+            await self.slots.acquire()
             if self.rt.draining:
                 raise ApiError(503, "the server is shutting down; reconnect to another instance or later", code="server_shutting_down")
             req = seg.request
