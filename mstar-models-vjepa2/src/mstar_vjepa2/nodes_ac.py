@@ -163,6 +163,9 @@ class ACPredictorNode(ARNodeSubmodule):
             done = t - tc + 2
         return ARNodeInputs(input_embeds=rows, input_seq_len=rows.shape[0], kwargs={"steps_left": horizon - done})
 
+    def chunk_unit(self) -> int:
+        return self.cfg.tokens_per_frame  # a chunk never ends inside a frame
+
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]) -> dict[str, Any]:
         device = self.predictor.predictor_proj.weight.device
         rows = torch.cat([i.input_embeds for i in inputs])  # type: ignore[attr-defined,misc]
@@ -246,6 +249,9 @@ class PlannerNode(NodeSubmodule):
             if params.seed is None:  # fresh randomness, reported so the plan can be reproduced
                 params = dataclasses.replace(params, seed=secrets.randbits(63))
         return NodeInputs(tensor_inputs=tensors, kwargs={"objective": objective, "cem_params": params}, input_seq_len=1)
+
+    def chunk_unit(self) -> int:
+        return self.cfg.tokens_per_frame  # a chunk never ends inside a frame
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]) -> dict[str, Any]:
         device = self.predictor.predictor_proj.weight.device

@@ -274,6 +274,14 @@ class Scheduler:
         n = min(remaining, budget) if self.config.chunked_prefill else remaining
         if n <= 0 or (n < remaining and not self.config.chunked_prefill):
             return None
+        unit = node.submodule.chunk_unit()  # type: ignore[attr-defined]
+        if unit > 1 and n < remaining:  # a cut chunk ends on a unit boundary
+            aligned = (cached + n) // unit * unit - cached
+            if aligned <= 0:
+                if rows:  # the budget left this step holds no whole unit: next step
+                    return None
+                aligned = min(remaining, unit - cached % unit)  # one unit, over budget, to progress
+            n = aligned
         if cached + n > node.max_model_len:
             if cached == 0 or not req.num_generated.get(node.name):
                 self.lifecycle.fail(req, ValueError(

@@ -269,6 +269,11 @@ class ARNodeSubmodule(NodeSubmodule):
         world model that adds a frame of many tokens per step."""
         return None
 
+    def chunk_unit(self) -> int:
+        """Chunked prefill and cache recompute end every chunk on a multiple of this many
+        cache positions (e.g. the tokens of one video frame). Default 1: anywhere."""
+        return 1
+
     def split_inputs(
         self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs, start: int, end: int
     ) -> ARNodeInputs:
