@@ -14,7 +14,15 @@ from mstar.model.submodule_base import CurrentForwardPassInfo
 from mstar_qwen3omni.dense_attention import DenseKVCache
 from mstar_qwen3omni.speech_loading import build_code2wav, build_talker
 from mstar_qwen3omni.talker import CODES, FRAME_EMBED, POSITIONS, PROMPT_EMBEDS, TEXT_EMBED
-from mstar_qwen3omni.talker_prompt import ASSISTANT_ROWS, build_talker_prompt, talker_positions
+from mstar_qwen3omni.talker_prompt import (
+    ASSISTANT_ROWS,
+    TTS_EOS,
+    TTS_PAD,
+    WAIT,
+    build_talker_prompt,
+    step_text,
+    talker_positions,
+)
 from safetensors.torch import load_file, save_file
 from speech_helpers import (
     TINY_SPECIAL_IDS,
@@ -288,3 +296,24 @@ def test_loading_is_strict_and_random_weights_build(models, tmp_path):
     node = build_talker(checkpoint_config(root), None, "cpu")
     out = PagedSteps(node).step("prefill", {"r": {PROMPT_EMBEDS: _embeds(3, node.cfg.hidden_size, seed=50)}}, GreedyRecorder())
     assert out.row_outputs[CODES].shape == (1, 1, node.cfg.num_code_groups)
+
+
+def test_step_text_streams_the_trailing_text_of_a_whole_run(models):
+    """Streaming rule vs the whole-run trailing text (itself equal to transformers'): for a
+    Thinker of n tokens, the text each step gets once known equals trailing[k] (then pad),
+    and a step waits until the Thinker is two tokens ahead or has finished."""
+    _, node = models
+    ids = _chat([60, 61])
+    ht = node.cfg.thinker_hidden_size
+    tts = _embeds(3, ht, seed=60)
+    for n in range(2, 7):
+        embeds = _embeds(ids.numel() + n - 1, ht, seed=61)  # rows transformers has: all but the last token
+        prompt = build_talker_prompt(node.lm, ids, embeds, embeds[: ids.numel()], tts, "ethan", ())
+        for k in range(n + 2):
+            got = step_text(k, n, finished=True)
+            want = prompt.trailing[k] if k < len(prompt.trailing) else tts[2]
+            row = {TTS_EOS: tts[1], TTS_PAD: tts[2]}.get(got) if isinstance(got, str) else embeds[ids.numel() + got]
+            assert torch.equal(row, want), (n, k)
+            for seen in range(1, n + 1):  # while the Thinker still runs, the answer is WAIT or final
+                early = step_text(k, seen, finished=False)
+                assert early in (WAIT, got), (n, k, seen)

@@ -143,3 +143,20 @@ def talker_positions(
         video_grid_thw=video_grid_thw, video_second_per_grid=video_second_per_grid,
         audio_feature_lengths=audio_feature_lengths,
     )
+
+
+WAIT, TTS_EOS, TTS_PAD = "wait", "tts_eos", "tts_pad"
+
+
+def step_text(step: int, generated: int, finished: bool) -> int | str:
+    """What Talker decode step ``step`` (0 after the prefill) adds as text, while the Thinker
+    has generated ``generated`` tokens g_0.. (``finished``: it has stopped): the index j of
+    g_j whose Thinker embedding to use, ``TTS_EOS``, ``TTS_PAD``, or ``WAIT`` (not known yet:
+    g_{step+1} is spoken only if it is not the Thinker's last token). Mirrors ``trailing``:
+    g_1 .. g_{n-2}, then tts_eos, then tts_pad for a Thinker that generated n tokens."""
+    if not finished:
+        return step + 1 if generated >= step + 3 else WAIT
+    spoken = max(generated - 2, 0)
+    if step < spoken:
+        return step + 1
+    return TTS_EOS if step == spoken else TTS_PAD
