@@ -16,8 +16,9 @@ Signals (one row = one request):
   Thinker's outputs); optionally ``talker_positions`` [3, n] M-RoPE positions
   (``talker_prompt.talker_positions`` for media requests; default 0..n-1 on every axis).
 - other walks (one frame per step): ``frame_embed`` [1, H] from the previous step and
-  ``thinker_text_embed`` [Ht], the Thinker-width embedding of this step's text (the next
-  trailing text token, then ``tts_eos``, then ``tts_pad``); the input is
+  ``thinker_text_embed`` [Ht], the Thinker-width embedding of this step's text (which one:
+  ``talker_prompt.step_text``: Thinker tokens from the second on, then ``tts_eos``, then
+  ``tts_pad``); the input is
   ``frame_embed + text_projection(thinker_text_embed)``.
 
 ``TalkerLM.hidden_states`` runs the same decoder outside the engine on a ``DenseKVCache``.
