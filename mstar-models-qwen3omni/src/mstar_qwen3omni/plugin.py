@@ -144,7 +144,6 @@ def mstar_model_spec() -> ModelSpec:
         build_graph=build_graph,
         write_tiny_checkpoint=_write_tiny,
         default_placement={THINKER: "0", AUDIO_ENCODER: "0", VISION_ENCODER: "0"},
-        max_model_len=lambda cfg: int(text_view(cfg).get("max_position_embeddings", 32768)),
         example_requests=_example_requests,
     )
 

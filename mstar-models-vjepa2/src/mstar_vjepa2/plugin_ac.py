@@ -91,7 +91,6 @@ def mstar_model_spec() -> ModelSpec:
         build_graph=build_graph,
         write_tiny_checkpoint=_write_tiny,
         default_placement={"encoder": "0", "ac_predictor": "0", "planner": "0"},
-        max_model_len=lambda cfg: cfg["max_frames"] * ((cfg["img_size"] // cfg["patch_size"]) ** 2 + 2),
         example_requests=_example_requests,
     )
 

@@ -26,8 +26,6 @@ class ModelSpec:
     ``mstar check-plugin`` fails when one is missing. ``example_requests(config)`` returns
     requests (``Engine.add_request`` keyword dicts) that together run every walk once on
     the tiny config; the conformance kit runs them through the real engine.
-    ``max_model_len(config)`` is informational: the scheduler enforces each KV node's own
-    ``max_model_len()``.
 
     ``name``, ``aliases`` and ``architectures`` are filled in at load time from the
     distribution's entry points (``mstar.models``, ``mstar.model_aliases``,
@@ -43,7 +41,6 @@ class ModelSpec:
     architectures: tuple[str, ...] | None = None
     default_placement: Mapping[str, str] = field(default_factory=dict)
     shipped_files: tuple[Path, ...] = ()
-    max_model_len: Callable[[ModelConfig], int] | None = None
     example_requests: Callable[[ModelConfig], list[dict[str, Any]]] | None = None
 
 
