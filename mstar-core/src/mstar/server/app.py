@@ -35,6 +35,7 @@ from mstar.server.routes_voices import voices
 from mstar.server.routes_ws_speech import speech_stream
 from mstar.server.runtime import ServerRuntime
 from mstar.server.strict_json import StrictJSONRoute
+from mstar.server.warmup import warm_up
 
 STATIC_DIR = Path(__file__).parent / "static"  # the playground page
 
@@ -50,7 +51,7 @@ def create_app(rt: ServerRuntime, *, manage_runtime: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
         if manage_runtime:
-            await rt.start()  # engines ready and warm before uvicorn binds the port
+            await rt.start(warm_up)  # engines ready and warm before uvicorn binds the port
         try:
             yield
         finally:

@@ -11,14 +11,13 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from mstar.api.adapter import CHAT, GENERATE, SPEECH
 from mstar.api.errors import ApiError
 from mstar.server.admission import Admission
 from mstar.server.config import ServerConfig
@@ -137,7 +136,9 @@ class ServerRuntime:
         }
 
     # ---- start-up ---------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, warm_up: Callable[[ServerRuntime], Awaitable[None]] | None = None) -> None:
+        """Start the engines and the preprocess pool; then ``warm_up(self)`` (the server passes
+        ``mstar.server.warmup.warm_up``) before the port opens."""
         loop = asyncio.get_running_loop()
         report_addr = f"ipc://{self.ipc_dir}/reports"
         self._reports = self.actx.socket(zmq.PULL)
@@ -157,7 +158,8 @@ class ServerRuntime:
             await asyncio.gather(self._wait_ready(), self.preprocess.warm_up())
             log.info("engines ready in %.1fs; warming up", time.perf_counter() - t0)
             self._progress.warming_up()
-            await self._warm_up()
+            if warm_up is not None:
+                await warm_up(self)
         finally:
             self._progress.done()
             self._progress = None
@@ -198,33 +200,6 @@ class ServerRuntime:
                 raise StartupError(f"engines not ready after {self.config.startup_timeout_s:g}s")
             await asyncio.wait([self._ready], timeout=0.1)
         self._ready.result()
-
-    async def _warm_up(self) -> None:
-        """One small request through the whole path (pool, every engine, cross-process
-        streams) so the first client request pays no first-use costs."""
-        from mstar.server.execution import Execution
-
-        request = self.adapter.warmup_request()
-        if request is None:
-            log.info("the model's adapter names no warm-up request; skipping warm-up")
-            return
-        from mstar.api.protocol import GenerateRequest
-        from mstar.api.sampling import request_sampling
-
-        if isinstance(request, GenerateRequest):  # the native route: its own sampling form
-            endpoint, sampling = GENERATE, request.sampling
-        else:
-            endpoint = CHAT if CHAT in self.adapter.endpoints and hasattr(request, "messages") else SPEECH
-            sampling = request_sampling(request, max_tokens=("max_tokens", getattr(request, "max_tokens", None)))
-        ex = Execution(self, endpoint, prefix="warmup")
-        await ex.start(request, sampling, getattr(request, "signals", None))
-        try:
-            async for _ in ex.batches():
-                pass
-        except ApiError as exc:
-            raise StartupError(f"the warm-up request failed: {exc.message}") from None
-        finally:
-            ex.close()
 
     def _engine_exited(self, engine: EngineHandle) -> None:
         if self.engines.get(engine.name) is not engine:

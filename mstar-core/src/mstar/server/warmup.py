@@ -1,0 +1,39 @@
+"""The warm-up request: one small request through the whole path (preprocess pool, every
+engine, cross-process streams) before the port opens, so the first client request pays no
+first-use costs."""
+
+from __future__ import annotations
+
+import logging
+
+from mstar.api.adapter import CHAT, GENERATE, SPEECH
+from mstar.api.errors import ApiError
+from mstar.api.protocol import GenerateRequest
+from mstar.api.sampling import request_sampling
+from mstar.server.execution import Execution
+from mstar.server.runtime import ServerRuntime, StartupError
+
+log = logging.getLogger("mstar.server")
+
+
+async def warm_up(rt: ServerRuntime) -> None:
+    """Run ``rt``'s adapter's warm-up request (chat, speech, or a native generate request);
+    a failure stops the start-up with ``StartupError``."""
+    request = rt.adapter.warmup_request()
+    if request is None:
+        log.info("the model's adapter names no warm-up request; skipping warm-up")
+        return
+    if isinstance(request, GenerateRequest):  # the native route: its own sampling form
+        endpoint, sampling = GENERATE, request.sampling
+    else:
+        endpoint = CHAT if CHAT in rt.adapter.endpoints and hasattr(request, "messages") else SPEECH
+        sampling = request_sampling(request, max_tokens=("max_tokens", getattr(request, "max_tokens", None)))
+    ex = Execution(rt, endpoint, prefix="warmup")
+    await ex.start(request, sampling, getattr(request, "signals", None))
+    try:
+        async for _ in ex.batches():
+            pass
+    except ApiError as exc:
+        raise StartupError(f"the warm-up request failed: {exc.message}") from None
+    finally:
+        ex.close()
