@@ -162,9 +162,9 @@ class Engine:
         if self.fatal_error:
             raise RuntimeError(f"engine is down: {self.fatal_error}")
         rid = request_id or uuid.uuid4().hex
-        missing = set(self.built.graph.request_inputs) - set(inputs)
+        missing = self.built.graph.missing_inputs(inputs)
         if missing:
-            raise ValueError(f"missing request input(s) {sorted(missing)}")
+            raise ValueError(f"missing request input(s) {missing}")
         configs = self.make_sampling(sampling)
         req = Request(
             id=rid,

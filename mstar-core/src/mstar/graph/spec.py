@@ -177,6 +177,11 @@ class GraphSpec:
     def stream_edges(self) -> dict[str, Signal]:
         return {name: s for name, s in self.signals.items() if s.stream is not None}
 
+    def missing_inputs(self, inputs: Mapping[str, object]) -> list[str]:
+        """The request inputs this graph needs that ``inputs`` lacks (the one rule for the
+        native API route and for ``mstar.Engine``)."""
+        return sorted(set(self.request_inputs) - set(inputs))
+
     def validate(self) -> None:
         """Raise GraphError naming the first malformed part."""
         for key, node in self.nodes.items():

@@ -65,9 +65,6 @@ class Execution:
             self.engine_request = await self.rt.preprocess.run(self.endpoint, request, self.request_id)
             inputs = {k: torch.as_tensor(v) for k, v in self.engine_request.inputs.items()}
             check_prompt_ids(inputs, self.rt.node_samplers)
-            missing = set(self.rt.graph.request_inputs) - set(inputs)
-            if missing:
-                raise ApiError(400, f"missing engine input(s) {sorted(missing)}", param="inputs")
             if self._closed:  # the client left while we were preparing
                 raise ApiError(499, "client closed the request")
             self._stream = self.rt.router.submit(self.request_id, inputs, configs, self.engine_request.kwargs, signals)

@@ -71,7 +71,7 @@ async def generate(rt: ServerRuntime, req: GenerateRequest, receive: Receive) ->
         unknown = sorted(set(req.signals) - set(known))
         if unknown:
             raise ApiError(400, f"unknown output signal(s) {unknown}; this model outputs {known}", param="signals")
-    missing = sorted(set(rt.graph.request_inputs) - set(req.inputs))
+    missing = rt.graph.missing_inputs(req.inputs)
     if missing:
         raise ApiError(400, f"missing input(s) {missing}; this model takes {list(rt.graph.request_inputs)}", param="inputs")
     ex = Execution(rt, GENERATE, prefix="gen")
