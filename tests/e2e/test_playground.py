@@ -1,8 +1,8 @@
 """The playground page at ``/`` in a real headless browser (Debian's chromium, driven by
 Selenium through Debian's chromedriver): against ``mstar serve --model toy
 --random-weights`` with an API key, it speaks text (streamed PCM arrives, and the clip
-decodes to a non-empty AudioBuffer) and renders a streamed chat reply. A screenshot is
-saved beside the server log (the path is printed)."""
+decodes to a non-empty AudioBuffer) and renders a streamed chat reply; an attached file goes out as a content part. A screenshot
+is saved beside the server log (the path is printed)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import soundfile as sf
 from conftest import API_KEY, ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -113,3 +115,14 @@ def test_playground_speaks_and_chats_in_a_browser(server: ServerProcess, browser
     browser.save_screenshot(str(shot))
     print(f"playground screenshot: {shot}")
     assert shot.stat().st_size > 0
+
+    # An attached audio file goes out as an input_audio part: the toy (text only) refuses
+    # it with its 400, which the page shows.
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, np.zeros(800, np.float32), 8000)
+    by_id("chat-file").send_keys(str(clip))
+    by_id("send").click()
+    wait.until(lambda _: reply.get_attribute("data-state") in ("done", "error"))
+    assert reply.get_attribute("data-state") == "error"
+    shown = by_id("error").text
+    assert shown.startswith("Chat failed: 400:") and "messages[0]: the toy model reads text parts only" in shown
