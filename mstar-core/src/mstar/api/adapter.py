@@ -48,11 +48,17 @@ CHAT, SPEECH, GENERATE, COMPLETIONS = "chat", "speech", "generate", "completions
 @dataclass
 class EngineRequest:
     """What one request becomes: engine inputs by name, request kwargs, and the prompt
-    length to report as ``usage.prompt_tokens``."""
+    length to report as ``usage.prompt_tokens``.
 
-    inputs: dict[str, Any]
+    Inputs become tensors here, once (an adapter may give lists of ids); from here to the
+    engine they only cross process boundaries (``mstar.server.tensor_codec``)."""
+
+    inputs: dict[str, torch.Tensor]
     kwargs: dict[str, Any] = field(default_factory=dict)
     prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.inputs = {name: torch.as_tensor(value) for name, value in self.inputs.items()}
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ class Execution:
             await self.rt.admission.acquire()
             self._admitted = True
             self.engine_request = await self.rt.preprocess.run(self.endpoint, request, self.request_id)
-            inputs = {k: torch.as_tensor(v) for k, v in self.engine_request.inputs.items()}
+            inputs = self.engine_request.inputs
             check_prompt_ids(inputs, self.rt.node_samplers)
             if self._closed:  # the client left while we were preparing
                 raise ApiError(499, "client closed the request")
