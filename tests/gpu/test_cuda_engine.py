@@ -77,11 +77,11 @@ def test_preemption_on_cuda_changes_nothing(toy_ckpt):
 
 
 def test_orpheus_on_cuda_matches_transformers(tmp_path):
+    import json
+
     from mstar import Engine
     from mstar_orpheus.checkpoint import write_checkpoint
     from transformers import LlamaForCausalLM
-
-    import json
 
     ckpt = write_checkpoint(tmp_path / "orpheus", seed=1, snac={"noise": False})
     config = json.loads((ckpt / "config.json").read_text())
@@ -101,7 +101,7 @@ def test_orpheus_on_cuda_matches_transformers(tmp_path):
         ids = torch.tensor([prompt + tokens], device="cuda")
         with torch.inference_mode():
             ref = hf(ids).logits[0, len(prompt) - 1 : -1].float().cpu()
-        ours = torch.cat(result.signals["logits"]).float().cpu()
+        ours = torch.stack(result.signals["logits"]).float().cpu()
         worst = max(worst, float((ours - ref).abs().max()))
         assert ref.argmax(-1).tolist() == tokens
     print(f"orpheus on cuda: max |logits - transformers| = {worst:.2e}")

@@ -29,7 +29,7 @@ def test_ragged_batch_logits_and_greedy_tokens_match_transformers(quiet_ckpt, en
     for prompt, result in zip(prompts, _run(engine, prompts), strict=True):
         tokens = result.cat("token").tolist()
         assert len(tokens) == STEPS and result.finish_reason == "length"
-        ours = torch.cat(result.signals["logits"])
+        ours = torch.stack(result.signals["logits"])
         ref = hf_logits(quiet_ckpt, prompt, tokens)
         assert ours.shape == ref.shape == (STEPS, hf_model(quiet_ckpt).config.vocab_size)
         worst = max(worst, float((ours - ref).abs().max()))
@@ -45,7 +45,7 @@ def test_tied_embeddings_match_transformers(tied_ckpt, engines):
     result = _run(engines(tied_ckpt), [prompt], max_tokens=8)[0]
     tokens = result.cat("token").tolist()
     assert tokens == hf_greedy(tied_ckpt, prompt, 8)
-    diff = (torch.cat(result.signals["logits"]) - hf_logits(tied_ckpt, prompt, tokens)).abs().max()
+    diff = (torch.stack(result.signals["logits"]) - hf_logits(tied_ckpt, prompt, tokens)).abs().max()
     assert float(diff) < LOGITS_TOL
 
 

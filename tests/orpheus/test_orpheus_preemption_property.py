@@ -21,7 +21,7 @@ def _request(prompt: list[int]) -> dict:
 
 def _outputs(result) -> tuple[list[int], torch.Tensor]:
     assert result.error is None, result.error
-    return result.cat("token").tolist(), torch.cat(result.signals["logits"])
+    return result.cat("token").tolist(), torch.stack(result.signals["logits"])
 
 
 @pytest.mark.parametrize("trial", range(3))

@@ -26,7 +26,6 @@ from mstar_orpheus.llama import LlamaModel
 from mstar_orpheus.tokens import OrpheusTokens
 
 AUDIO_COUNT = "audio_tokens"  # per-request state: accepted audio tokens so far
-RETURN_LOGITS = "return_logits"  # request kwarg: also emit each step's logits (debugging, parity)
 
 
 class OrpheusLM(ARNodeSubmodule):
@@ -77,10 +76,8 @@ class OrpheusLM(ARNodeSubmodule):
         token = out["token"]
         code, accepted = tokens_to_codes(token, audio_count, self.tokens.custom_token_base, self.codebook_size)
         self._advance_audio_counts(engine_inputs, (audio_count + accepted.long()).tolist())
-        per_rid = self._debug_logits(engine_inputs, out["logits"])
         return BatchedModelOutput(
             row_outputs={"token": token[:, None], "code": code[:, None], "is_audio": accepted[:, None]},
-            per_rid_outputs=per_rid,
         )
 
     def check_stop_batched(
@@ -98,21 +95,13 @@ class OrpheusLM(ARNodeSubmodule):
     def sample_head(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
         """The region a piecewise runner may capture: final norm, LM head, sampling."""
         logits = self.logits(static_inputs["hidden"])
-        return {"token": sampler.sample(logits).tokens, "logits": logits}
+        return {"token": sampler.sample(logits).tokens}
 
     def _advance_audio_counts(self, engine_inputs: ModelInputsFromEngine, counts: list[int]) -> None:
         # Only a step that completes (not a prefill chunk or cache replay) produced a token.
         for rid, count in zip(engine_inputs.request_ids, counts, strict=True):
             if engine_inputs.per_request_info[rid].is_last_chunk and rid in engine_inputs.per_request_states:
                 engine_inputs.per_request_states[rid].add(AUDIO_COUNT, count)
-
-    def _debug_logits(self, engine_inputs: ModelInputsFromEngine, logits: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
-        out: dict[str, dict[str, torch.Tensor]] = {}
-        for b, rid in enumerate(engine_inputs.request_ids):
-            info = engine_inputs.per_request_info[rid]
-            if info.is_last_chunk and info.request_kwargs.get(RETURN_LOGITS):
-                out[rid] = {"logits": logits[b : b + 1].float()}
-        return out
 
     def init_random(self, std: float) -> None:
         for name, p in self.named_parameters():

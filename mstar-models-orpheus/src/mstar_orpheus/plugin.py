@@ -19,7 +19,7 @@ from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, Piecewis
 from mstar_orpheus.audio_codes import OrpheusWindows
 from mstar_orpheus.config import load_config
 
-LM_OUTPUTS = ("token", "code", "logits")
+LM_OUTPUTS = ("token", "code")
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
@@ -34,7 +34,6 @@ def build_graph(config: dict[str, Any]) -> GraphSpec:
         chunk_inputs=("code_window",),
         signals={
             "token": Signal("token", to_client=True, persist=True),
-            "logits": Signal("logits", to_client=True),  # only for requests asking for it
         },
     )
 

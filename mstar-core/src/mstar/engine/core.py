@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from mstar.engine.errors import classify_error
-from mstar.engine.executors import LoadedNode, NodeExecutionError, Row
+from mstar.engine.executors import LOGITS, LoadedNode, NodeExecutionError, Row
 from mstar.engine.kv_history import KVHistory
 from mstar.engine.request import Request, RequestOutput, RequestStatus, step_key
 from mstar.engine.scheduler import EngineStats, Scheduler, SchedulerConfig
@@ -204,9 +204,11 @@ class EngineCore:
         check = merge_stop_checks(row.core_stop, check)
         req.num_generated[node.name] = req.num_generated.get(node.name, 0) + 1
         self.stats.walks_completed.add(row.walk)
-        for name in row.step.outputs:
-            if name in outputs and name not in check.withheld:
-                self._route(req, name, outputs[name])
+        routed = [name for name in row.step.outputs if name in outputs and name not in check.withheld]
+        for name in routed:
+            self._route(req, name, outputs[name])
+        if row.logits is not None and routed:  # logits go with the step's outputs, not a withheld stop
+            self._emit(RequestOutput(req.id, signal=LOGITS, data=row.logits))
         if check.reason and not req.finish_reason:
             req.finish_reason = check.reason
         cursor = req.cursors[row.partition]

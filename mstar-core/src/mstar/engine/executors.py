@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 RowResult = dict[str, torch.Tensor] | BaseException
 
+# Request kwarg: return, per drawn token, the [vocab] main logits it was drawn from (float32,
+# before temperature and penalties) as signal LOGITS. A framework feature for parity tests.
+RETURN_LOGITS, LOGITS = "return_logits", "logits"
+
 
 @dataclass
 class Row:
@@ -41,6 +45,7 @@ class Row:
     completes: bool
     stop_check: StopCheck | None = None  # the plugin's check_stop_batched answer
     core_stop: StopCheck | None = None  # core's stop rules (sampling nodes)
+    logits: torch.Tensor | None = None  # [V] main logits, for a request with return_logits
 
 
 class NodeExecutionError(Exception):
@@ -112,6 +117,11 @@ class NodeExecutor:
         done = [r for r in rows if r.completes]
         if done and engine_inputs.sampler is not None:
             self._apply_stop_rules(done, [idx[r.req.id] for r in done], engine_inputs.sampler)
+            kept = engine_inputs.sampler.last_main_logits
+            if kept is not None:
+                for r in done:
+                    if r.req.kwargs.get(RETURN_LOGITS):
+                        r.logits = kept[idx[r.req.id]].float()
         if done:
             # The stop check sees only the rows whose step completed this forward.
             view = out if len(done) == len(rows) else out.select([idx[r.req.id] for r in done])
@@ -172,5 +182,6 @@ class KVNodeExecutor(NodeExecutor):
             slots = torch.tensor([r.req.slots[node.name] for r in rows], dtype=torch.long, device=node.device)
             advance = torch.tensor([r.completes for r in rows], dtype=torch.bool, device=node.device)
             ei.sampler = node.sampler.bind(slots, advance)
+            ei.sampler.keep_logits = any(r.req.kwargs.get(RETURN_LOGITS) for r in rows)
         ei.piecewise_runners = {label: runner.bind(ei.sampler) for label, runner in node.piecewise.items()}
         return ei

@@ -139,7 +139,11 @@ class BatchSampler:
     sampler: MultiSampler
     slot_ids: Tensor
     advance: Tensor | None = None
+    keep_logits: bool = False  # set when a row of the batch asked for its logits
     last_main_tokens: Tensor | None = field(default=None, init=False)
+    # The main logits of the latest ``sample`` (only with ``keep_logits``): what the engine
+    # returns to requests with kwarg ``return_logits``.
+    last_main_logits: Tensor | None = field(default=None, init=False)
     _parent: BatchSampler | None = field(default=None, init=False, repr=False)
     _rows: Tensor | None = field(default=None, init=False, repr=False)
 
@@ -150,6 +154,8 @@ class BatchSampler:
     def sample(self, logits: Tensor) -> SampleOutput:
         out = self.sampler.sample(logits, self.slot_ids, self.advance)
         self._record(out.tokens)
+        if self.keep_logits and self._parent is None:
+            self.last_main_logits = logits
         return out
 
     def sample_aux(self, label: str, logits: Tensor) -> SampleOutput:

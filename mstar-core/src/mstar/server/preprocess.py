@@ -112,13 +112,15 @@ class PreprocessPool:
         assert self._pool is not None
         pool = self._pool
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, _run_in_worker, endpoint, request)
+            out = await asyncio.get_running_loop().run_in_executor(pool, _run_in_worker, endpoint, request)
         except BrokenProcessPool:
             log.error("request %s: a preprocess worker died; starting a new pool", request_id)
             if self._pool is pool:
                 self._pool = self._new_pool()
                 pool.shutdown(wait=False, cancel_futures=True)
             raise ApiError(500, "the preprocess worker crashed on this request; retry it", code="preprocess_crashed") from None
+        # Arrays crossed the process boundary; tensors again, as EngineRequest holds them.
+        return EngineRequest(out.inputs, out.kwargs, out.prompt_tokens)
 
     def shutdown(self) -> None:
         if self._pool is not None:

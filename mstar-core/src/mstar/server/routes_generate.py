@@ -23,6 +23,7 @@ from mstar.api.adapter import GENERATE
 from mstar.api.errors import ApiError, validation_error
 from mstar.api.protocol import GenerateRequest
 from mstar.api.tensors import concat_signal, safetensors_bytes, tensor_to_json
+from mstar.engine.executors import LOGITS
 from mstar.server.execution import Execution
 from mstar.server.runtime import ServerRuntime
 from mstar.server.streaming import (
@@ -61,7 +62,8 @@ async def upload_request(request: Request) -> GenerateRequest:
 
 
 def client_signals(rt: ServerRuntime) -> list[str]:
-    return [name for name, sig in rt.graph.signals.items() if sig.to_client]
+    """The graph's client outputs, and the engine's per-step logits (kwarg return_logits)."""
+    return [*(name for name, sig in rt.graph.signals.items() if sig.to_client), LOGITS]
 
 
 async def generate(rt: ServerRuntime, req: GenerateRequest, receive: Receive) -> Response:

@@ -4,12 +4,8 @@ its output signals, its sampling declaration and a KV node base that runs the st
 Signals (all to the client): ``tokens`` (the sampled id, [1] per step, persisted so the
 decode step reads it), the logprob signals of ``mstar.api.adapter``'s convention
 (``logprob``, ``top_logprob_ids``, ``top_logprob_values``, only while a row of the batch
-asked for logprobs) and ``logits``.
-
-``logits`` is the parity/debug option: a request with kwarg ``return_logits=True`` (``kwargs``
-of ``Engine.add_request`` or of ``POST /v1/generate``) receives, per generated token, the
-float32 ``[vocab]`` logits the sampler drew it from (before temperature and penalties).
-Off by default; other rows of the batch get nothing.
+asked for logprobs). Per-step logits (request kwarg ``return_logits``) come from core for
+every sampling node (``mstar.engine.executors.RETURN_LOGITS``), not from this module.
 """
 
 from __future__ import annotations
@@ -34,10 +30,9 @@ from mstar.model.submodule_base import (
     ModelInputsFromEngine,
 )
 
-PROMPT, TOKENS, LOGITS = "prompt_ids", "tokens", "logits"
+PROMPT, TOKENS = "prompt_ids", "tokens"
 LOGPROB, TOP_IDS, TOP_VALUES = "logprob", "top_logprob_ids", "top_logprob_values"
-STEP_OUTPUTS = (TOKENS, LOGPROB, TOP_IDS, TOP_VALUES, LOGITS)
-RETURN_LOGITS = "return_logits"  # request kwarg
+STEP_OUTPUTS = (TOKENS, LOGPROB, TOP_IDS, TOP_VALUES)
 PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
 
 
@@ -124,12 +119,7 @@ def sample_step(logits: torch.Tensor, engine_inputs: ModelInputsFromEngine) -> B
         rows[LOGPROB] = out.logprobs[:, None]
         if out.top_logprob_ids is not None:
             rows[TOP_IDS], rows[TOP_VALUES] = out.top_logprob_ids, out.top_logprob_values
-    per_rid = {
-        rid: {LOGITS: logits[i].float()}
-        for i, (rid, info) in enumerate(zip(engine_inputs.request_ids, infos, strict=True))
-        if info.request_kwargs.get(RETURN_LOGITS)
-    }
-    return BatchedModelOutput(row_outputs=rows, per_rid_outputs=per_rid)
+    return BatchedModelOutput(row_outputs=rows)
 
 
 class CausalLMNode(ARNodeSubmodule):
