@@ -46,7 +46,7 @@ async function init() {
     $("chat-panel").hidden = !version.endpoints.includes("chat");
     if (version.endpoints.includes("speech")) await loadVoices();
   } catch (err) {
-    showError(`Cannot reach the API: ${err.message}`);
+    showError(`Cannot list the models: ${err.message} (a server with --api-key needs the key above)`);
   }
 }
 
