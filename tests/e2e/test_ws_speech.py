@@ -4,6 +4,7 @@ socket aborts and frees the engine request, bad messages keep the socket usable.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from typing import Any
@@ -172,3 +173,21 @@ def test_ws_needs_the_api_key(server: ServerProcess) -> None:
     assert info.value.response.status_code == 403
     with pytest.raises(InvalidStatus):
         connect(ws_url(server), additional_headers={"Authorization": "Bearer wrong"}, proxy=None, open_timeout=30)
+
+
+def bearer_protocol(key: str) -> str:
+    return "mstar.bearer." + base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+
+
+def test_ws_takes_the_key_as_a_subprotocol_for_browsers(server: ServerProcess) -> None:
+    with connect(ws_url(server), subprotocols=["mstar.speech", bearer_protocol(API_KEY)], proxy=None, open_timeout=30) as ws:
+        assert ws.subprotocol == "mstar.speech"
+        send(ws, type="session", max_tokens=4, seed=2)
+        send(ws, type="text", text="Key via subprotocol.")
+        send(ws, type="flush")
+        (seg,) = segments(read_until(ws, "flushed"))
+    assert seg["pcm"] == http_pcm(server, "Key via subprotocol.", max_tokens=4, seed=2)
+    for bad in (bearer_protocol("wrong"), "mstar.bearer.%%%"):
+        with pytest.raises(InvalidStatus) as info:
+            connect(ws_url(server), subprotocols=["mstar.speech", bad], proxy=None, open_timeout=30)
+        assert info.value.response.status_code == 403

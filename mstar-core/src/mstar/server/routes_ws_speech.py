@@ -21,14 +21,20 @@ frames of 16-bit little-endian mono PCM, then ``{"type": "end", "segment",
 ``error`` without ``segment``; neither closes the socket. Closing the socket aborts every
 sentence still generating and frees its cache.
 
+Auth: with the API key set, the upgrade request needs ``Authorization: Bearer KEY`` or,
+from a browser (which cannot set headers on a WebSocket), the subprotocols
+``["mstar.speech", "mstar.bearer." + base64url(KEY)]`` (the server answers with
+``mstar.speech``); else it is refused (HTTP 403).
+
 Sentences generate at most ``LOOKAHEAD`` at a time (the next one starts while the current
-one streams), and are sent strictly in order. With the API key set, the upgrade request
-needs ``Authorization: Bearer KEY`` (else it is refused, HTTP 403).
+one streams), and are sent strictly in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hmac
 import json
@@ -57,6 +63,7 @@ LOOKAHEAD = 2  # sentences generating (or waiting to be sent) at once
 _NOT_SETTINGS = ("input", "response_format", "stream_format")
 # Close codes (RFC 6455): policy violation (bad key, endpoint not served), try again later.
 _POLICY, _TRY_LATER = 1008, 1013
+PROTOCOL, BEARER_PROTOCOL = "mstar.speech", "mstar.bearer."
 
 
 @dataclass
@@ -81,7 +88,7 @@ async def speech_stream(rt: ServerRuntime, ws: WebSocket) -> None:
     if rt.draining or not rt.healthy:
         await ws.close(_TRY_LATER)
         return
-    await ws.accept()
+    await ws.accept(PROTOCOL if PROTOCOL in ws.scope.get("subprotocols", ()) else None)
     if not rt.adapter.serves(SPEECH) or not rt.adapter.audio_signal:
         await _send_json(ws, {"type": "error", **not_served(rt.model_name, "audio speech").body()})
         await ws.close(_POLICY)
@@ -94,7 +101,17 @@ def _authorized(rt: ServerRuntime, ws: WebSocket) -> bool:
     if not key:
         return True
     scheme, _, token = ws.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode()):
+        return True
+    for proto in ws.scope.get("subprotocols", ()):
+        if proto.startswith(BEARER_PROTOCOL):
+            encoded = proto.removeprefix(BEARER_PROTOCOL)
+            try:
+                given = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            except (binascii.Error, ValueError):
+                return False
+            return hmac.compare_digest(given, key.encode())
+    return False
 
 
 class _Session:
