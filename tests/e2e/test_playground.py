@@ -1,8 +1,9 @@
 """The playground page at ``/`` in a real headless browser (Debian's chromium, driven by
 Selenium through Debian's chromedriver): against ``mstar serve --model toy
 --random-weights`` with an API key, it speaks text (streamed PCM arrives, and the clip
-decodes to a non-empty AudioBuffer) and renders a streamed chat reply; an attached file goes out as a content part. A screenshot
-is saved beside the server log (the path is printed)."""
+decodes to a non-empty AudioBuffer), speaks typed text live over the WebSocket route,
+and renders a streamed chat reply; an attached file goes out as a content part. A
+screenshot is saved beside the server log (the path is printed)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,23 @@ def test_playground_speaks_and_chats_in_a_browser(server: ServerProcess, browser
     assert int(status.get_attribute("data-sample-rate")) == 8000
     # The streamed chunks were scheduled on the audio context and played to their end.
     wait.until(lambda _: int(status.get_attribute("data-played-chunks")) >= 1)
+
+    # Live mode: typed text goes over WS /v1/audio/speech/stream (the key as a subprotocol),
+    # each finished sentence spoken; its bytes are those of each sentence over HTTP.
+    text.clear()
+    by_id("live").click()
+    live = by_id("live-status")
+    wait.until(lambda _: live.get_attribute("data-state") == "open")
+    text.send_keys("Live one. Live two. ")
+    wait.until(lambda _: int(live.get_attribute("data-segments") or 0) >= 2)
+    want = 0
+    for sentence in ("Live one.", "Live two."):
+        req = {**body, "input": sentence}
+        want += len(httpx.post(f"{server.url}/v1/audio/speech", json=req, headers=server.headers, timeout=60).content)
+    assert int(live.get_attribute("data-bytes")) == want > 0
+    by_id("live").click()  # flush, then the page closes the socket
+    wait.until(lambda _: live.get_attribute("data-state") == "closed")
+    assert not by_id("error").text
 
     msg = by_id("chat-text")
     msg.clear()

@@ -152,6 +152,85 @@ async function speak() {
   }
 }
 
+// ---- live speech: typed text goes over WS /v1/audio/speech/stream, sentence by sentence ----
+
+let live = null; // {ws, sent, playAt, bytes, segments}
+
+function base64url(text) {
+  const bytes = new TextEncoder().encode(text);
+  let bin = "";
+  for (const b of bytes) bin += String.fromCharCode(b);
+  return btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+function liveStatus(state, text) {
+  const el = $("live-status");
+  el.dataset.state = state;
+  if (live) { el.dataset.bytes = String(live.bytes); el.dataset.segments = String(live.segments); }
+  el.textContent = text;
+}
+
+async function startLive() {
+  showError("");
+  audioCtx = audioCtx || new AudioContext();
+  await audioCtx.resume().catch(() => {});
+  // A browser cannot set headers on a WebSocket: the key travels as a subprotocol.
+  const protocols = ["mstar.speech"];
+  if (keyInput.value) protocols.push("mstar.bearer." + base64url(keyInput.value));
+  const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/audio/speech/stream`;
+  const ws = new WebSocket(url, protocols);
+  ws.binaryType = "arraybuffer";
+  live = { ws, sent: 0, playAt: 0, rate: 16000, bytes: 0, segments: 0 };
+  ws.onopen = () => {
+    const session = { type: "session", model: $("model").value };
+    if ($("voice").value) session.voice = $("voice").value;
+    if ($("speech-seed").value !== "") session.seed = Number($("speech-seed").value);
+    ws.send(JSON.stringify(session));
+    liveStatus("open", "live: type, and each finished sentence is spoken");
+    sendTyped();
+  };
+  ws.onmessage = (msg) => {
+    if (!live || live.ws !== ws) return;
+    if (typeof msg.data !== "string") {
+      const samples = pcm16ToFloat(new Uint8Array(msg.data));
+      const buffer = audioCtx.createBuffer(1, samples.length, live.rate);
+      buffer.copyToChannel(samples, 0);
+      const src = audioCtx.createBufferSource();
+      src.buffer = buffer;
+      src.connect(audioCtx.destination);
+      live.playAt = Math.max(live.playAt, audioCtx.currentTime);
+      src.start(live.playAt);
+      live.playAt += buffer.duration;
+      live.bytes += msg.data.byteLength;
+      return;
+    }
+    const event = JSON.parse(msg.data);
+    if (event.type === "start") live.rate = event.sample_rate;
+    if (event.type === "end") live.segments += 1;
+    if (event.type === "error") showError(`Live speech: ${event.error.message}`);
+    if (event.type === "flushed") { ws.close(); live = null; $("live-status").dataset.state = "closed"; return; }
+    liveStatus("open", `live: ${live.segments} sentence(s), ${live.bytes} bytes` + (event.type === "start" ? ` · speaking "${event.text}"` : ""));
+  };
+  ws.onerror = () => showError("Live speech: the WebSocket failed (wrong API key?)");
+  ws.onclose = () => { if (live && live.ws === ws) { live = null; liveStatus("closed", "live: closed"); $("live").checked = false; } };
+}
+
+// Sends what was appended to the text since the last send (an edit earlier in the text
+// starts over from its current end).
+function sendTyped() {
+  if (!live || live.ws.readyState !== WebSocket.OPEN) return;
+  const text = $("speech-text").value;
+  if (text.length < live.sent) live.sent = text.length;
+  if (text.length > live.sent) {
+    live.ws.send(JSON.stringify({ type: "text", text: text.slice(live.sent) }));
+    live.sent = text.length;
+  }
+}
+
+function stopLive() {
+  if (live && live.ws.readyState === WebSocket.OPEN) live.ws.send(JSON.stringify({ type: "flush" })); // closes once flushed
+}
+
 // ---- chat: SSE deltas appended as they arrive ------------------------------------------------
 
 function readAsDataURL(file) {
@@ -222,5 +301,7 @@ async function send() {
 
 $("model").addEventListener("change", () => { if (!$("speech-panel").hidden) loadVoices().catch((e) => showError(e.message)); });
 $("speak").addEventListener("click", speak);
+$("live").addEventListener("change", (e) => (e.target.checked ? startLive() : stopLive()));
+$("speech-text").addEventListener("input", sendTyped);
 $("send").addEventListener("click", send);
 init();
