@@ -191,3 +191,24 @@ def test_ws_takes_the_key_as_a_subprotocol_for_browsers(server: ServerProcess) -
         with pytest.raises(InvalidStatus) as info:
             connect(ws_url(server), subprotocols=["mstar.speech", bad], proxy=None, open_timeout=30)
         assert info.value.response.status_code == 403
+
+
+def test_ws_sentences_beyond_the_waiting_limit_fail_alone(server: ServerProcess) -> None:
+    from mstar.server.routes_ws_speech import MAX_WAITING
+
+    n = MAX_WAITING + 6
+    with open_ws(server) as ws:
+        send(ws, type="session", max_tokens=1, seed=4)
+        send(ws, type="text", text="".join(f"s{i}\n" for i in range(n)))  # n sentences in one message
+        send(ws, type="flush")
+        frames = read_until(ws, "flushed", timeout=120)
+        # Still serving: the next sentence speaks.
+        send(ws, type="text", text="After.")
+        send(ws, type="flush")
+        after = segments(read_until(ws, "flushed"))
+    ends = [f for f in frames if isinstance(f, dict) and f["type"] == "end"]
+    assert [e["segment"] for e in ends] == list(range(n))
+    refused = [f["segment"] for f in frames if isinstance(f, dict) and f["type"] == "error"]
+    assert len(refused) == 6 and all(f["error"]["code"] == "too_many_sentences" for f in frames if isinstance(f, dict) and f["type"] == "error")
+    assert len(segments(frames)) == n - 6
+    assert [s["start"]["text"] for s in after] == ["After."]

@@ -60,6 +60,7 @@ from mstar.server.strict_json import loads_strict
 log = logging.getLogger("mstar.server")
 
 LOOKAHEAD = 2  # sentences generating (or waiting to be sent) at once
+MAX_WAITING = 64  # sentences cut but not yet spoken; beyond it a sentence fails at once
 _NOT_SETTINGS = ("input", "response_format", "stream_format")
 # Close codes (RFC 6455): policy violation (bad key, endpoint not served), try again later.
 _POLICY, _TRY_LATER = 1008, 1013
@@ -72,6 +73,7 @@ class _Segment:
     text: str
     request: SpeechRequest
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    holds_slot: bool = False  # a generation slot, freed by the sender once it is sent
 
 
 @dataclass
@@ -200,6 +202,11 @@ class _Session:
     async def _speak(self, sentence: str) -> None:
         seg = _Segment(self.count, sentence, self._request(self.settings, sentence))
         self.count += 1
+        if len(self.tasks) >= MAX_WAITING:
+            err = ApiError(429, f"more than {MAX_WAITING} sentences are waiting to be spoken; send text as fast as it is spoken", code="too_many_sentences")
+            self.order.put_nowait(seg)
+            seg.events.put_nowait(err)
+            return
         self.order.put_nowait(seg)
         task = asyncio.create_task(self._generate(seg))
         self.tasks.add(task)
@@ -218,6 +225,7 @@ class _Session:
         put = seg.events.put_nowait
         try:
             await self.slots.acquire()
+            seg.holds_slot = True
             if self.rt.draining:
                 raise ApiError(503, "the server is shutting down; reconnect to another instance or later", code="server_shutting_down")
             req = seg.request
@@ -267,7 +275,8 @@ class _Session:
                     else:
                         await _send_json(self.ws, event)
             finally:
-                self.slots.release()
+                if item.holds_slot:
+                    self.slots.release()
 
 
 async def _send_json(ws: WebSocket, event: dict[str, Any]) -> None:
