@@ -27,7 +27,8 @@ from a browser (which cannot set headers on a WebSocket), the subprotocols
 ``mstar.speech``); else it is refused (HTTP 403).
 
 Sentences generate at most ``LOOKAHEAD`` at a time (the next one starts while the current
-one streams), and are sent strictly in order.
+one streams), and are sent strictly in order; at most ``MAX_WAITING`` wait to be spoken
+(one cut beyond that fails alone with ``too_many_sentences``).
 """
 
 from __future__ import annotations
