@@ -108,8 +108,8 @@ class CausalConv1d(nn.Module):
 
 class CausalConvTranspose1d(nn.Module):
     """Transposed conv whose right overhang (``kernel - stride``) is cut: ``stride`` outputs
-    per input, less ``trim_left`` at the very start (e.g. transformers' Qwen3-Omni Code2Wav
-    cuts ``kernel - stride`` on both sides); ``.conv`` holds the checkpoint's weights."""
+    per input, less ``trim_left`` at the very start (for decoders that cut ``kernel - stride``
+    on both sides); ``.conv`` holds the checkpoint's weights."""
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int, trim_left: int = 0) -> None:
         super().__init__()
