@@ -94,6 +94,14 @@ def test_speech_poisson_audio_seconds_match_whole_responses(server, fmt: str) ->
     assert summary["mean_rtf"] == pytest.approx(sum(r.latency / r.audio_seconds for r in bench.records) / 6)
 
 
+def test_cli_exits_1_when_no_request_completed(server, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "mstar.cli", "bench", "--base-url", server.url, "--model", "no-such-model",
+           "--num-prompts", "3", "--random-output-len", "4", "--num-warmups", "0", "--disable-tqdm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "none of the 3 requests completed" in proc.stderr
+
+
 def test_every_failed_request_is_counted(server, tmp_path: Path) -> None:
     data = tmp_path / "p.jsonl"
     data.write_text('{"prompt": "hi"}\n')

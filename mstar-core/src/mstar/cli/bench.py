@@ -99,3 +99,5 @@ def bench(base_url: str | None, host: str, port: int, model: str | None, api_key
                   "stream": stream, "seed": seed, "percentiles": list(metric_percentiles)}
         write_result(result_file, summary, result, config, save_detailed)
         click.echo(f"result written to {result_file}")
+    if summary["completed"] == 0:  # nothing was measured: a script must not read this as a result
+        raise click.ClickException(f"none of the {summary['requests']} requests completed")
