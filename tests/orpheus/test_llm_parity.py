@@ -50,7 +50,7 @@ def test_tied_embeddings_match_transformers(tied_ckpt, engines):
 
 
 def test_llama3_rope_scaling_matches_transformers():
-    from mstar_orpheus.rope import RotaryEmbedding
+    from mstar.layers.rope import RotaryEmbedding
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -60,5 +60,5 @@ def test_llama3_rope_scaling_matches_transformers():
     cfg = LlamaConfig(hidden_size=3072, num_attention_heads=24, head_dim=128, max_position_embeddings=131072,
                       rope_theta=500000.0, rope_scaling=scaling)
     ref, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
-    ours = RotaryEmbedding(128, 500000.0, scaling).inv_freq
+    ours = RotaryEmbedding(128, {"rope_theta": 500000.0, **scaling}).inv_freq
     torch.testing.assert_close(ours, ref, rtol=0, atol=0)

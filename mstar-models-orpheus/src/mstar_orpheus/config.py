@@ -46,19 +46,6 @@ def load_config(checkpoint_dir: Path) -> dict[str, Any]:
     return {**config, "orpheus": tokens.as_dict(), "snac": snac}
 
 
-def rope_params(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope scaling dict or None); reads both the classic keys and
-    transformers' newer ``rope_parameters``."""
-    params = config.get("rope_parameters")
-    if isinstance(params, dict) and "rope_theta" in params:
-        scaling = params if params.get("rope_type", "default") != "default" else None
-        return float(params["rope_theta"]), scaling
-    scaling = config.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
-        scaling = None
-    return float(config.get("rope_theta", 10000.0)), scaling
-
-
 def head_dim(config: dict[str, Any]) -> int:
     return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 

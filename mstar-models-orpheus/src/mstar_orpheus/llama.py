@@ -8,10 +8,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from mstar.layers import RMSNorm, apply_rope
+from mstar.layers.rope import RotaryEmbedding
 from torch import nn
 
-from mstar_orpheus.config import head_dim, rope_params
-from mstar_orpheus.rope import RotaryEmbedding
+from mstar_orpheus.config import head_dim
 
 
 class Attention(nn.Module):
@@ -68,8 +68,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
-        theta, scaling = rope_params(cfg)
-        self.rope = RotaryEmbedding(head_dim(cfg), theta, scaling)
+        self.rope = RotaryEmbedding.from_config(cfg, head_dim(cfg))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
         """[T] ids of all rows (flat) -> [T, H] hidden states before the final norm."""
