@@ -24,11 +24,12 @@ import math
 from collections.abc import Sequence
 
 import torch
+from mstar.layers.codec_blocks import ConvNeXtBlock, SnakeBeta
 from mstar.layers.streaming import CausalConv1d, CausalConvTranspose1d, StreamState
 from torch import nn
 
 from mstar_qwen3omni.code2wav_config import Code2WavConfig
-from mstar_qwen3omni.code2wav_layers import ConvNeXtBlock, DecoderBlock, SnakeBeta
+from mstar_qwen3omni.code2wav_layers import DecoderBlock
 from mstar_qwen3omni.code2wav_transformer import PreTransformer
 
 

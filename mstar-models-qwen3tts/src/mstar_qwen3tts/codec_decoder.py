@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from mstar.layers.codec_blocks import ConvNeXtBlock, ResidualUnit, SnakeBeta
 from mstar.layers.streaming import CausalConv1d as CausalConv
 from mstar.layers.streaming import CausalConvTranspose1d as CausalUpsample
 from mstar.layers.streaming import StreamState, stream_positions, window_keys_values
@@ -21,48 +22,6 @@ from torch import nn
 
 from mstar_qwen3tts.config import CodecConfig
 from mstar_qwen3tts.layers import GatedMLP, RMSNorm, apply_rope, rope_cos_sin
-
-
-class SnakeBeta(nn.Module):
-    """x + sin²(x·e^α) / e^β, per channel (α, β stored in log scale)."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
-        # Pointwise: nothing to carry between chunks.
-        alpha = self.alpha.exp()[None, :, None]
-        beta = self.beta.exp()[None, :, None]
-        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
-
-
-class ConvNeXtBlock(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.dwconv = CausalConv(dim, dim, 7, groups=dim)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.pwconv1 = nn.Linear(dim, 4 * dim)
-        self.pwconv2 = nn.Linear(4 * dim, dim)
-        self.gamma = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
-        h = self.norm(self.dwconv(x, state).transpose(1, 2))
-        h = self.pwconv2(F.gelu(self.pwconv1(h)))
-        return x + (self.gamma * h).transpose(1, 2)
-
-
-class ResidualUnit(nn.Module):
-    def __init__(self, dim: int, dilation: int) -> None:
-        super().__init__()
-        self.act1 = SnakeBeta(dim)
-        self.conv1 = CausalConv(dim, dim, 7, dilation=dilation)
-        self.act2 = SnakeBeta(dim)
-        self.conv2 = CausalConv(dim, dim, 1)
-
-    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x), state)), state)
 
 
 class DecoderBlock(nn.Module):

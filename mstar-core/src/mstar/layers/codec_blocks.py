@@ -1,0 +1,60 @@
+"""Building blocks of convolutional audio decoders (vocoders), streaming-ready: each takes an
+optional ``StreamState`` so a chunk carries its convolution history (``mstar.layers.streaming``).
+
+Parameter names follow the released checkpoints that use them (``alpha``/``beta``,
+``dwconv``/``pwconv1``/``pwconv2``/``gamma``, ``act1``/``conv1``/``act2``/``conv2``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mstar.layers.streaming import CausalConv1d, StreamState
+
+
+class SnakeBeta(nn.Module):
+    """x + sin²(x·e^α) / (e^β + 1e-9), per channel (α, β in log scale); pointwise, so a
+    stream carries nothing."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
+        alpha = self.alpha.exp()[None, :, None]
+        beta = self.beta.exp()[None, :, None]
+        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv (kernel 7), LayerNorm, pointwise MLP (GELU), layer scale ``gamma``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
+        h = self.norm(self.dwconv(x, state).transpose(1, 2))
+        h = self.pwconv2(F.gelu(self.pwconv1(h)))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    """Snake, causal conv (kernel 7, ``dilation``), Snake, 1x1 conv, plus the input."""
+
+    def __init__(self, dim: int, dilation: int) -> None:
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, state: StreamState | None = None) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), state)), state)
