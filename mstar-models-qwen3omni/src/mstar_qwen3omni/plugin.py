@@ -7,6 +7,35 @@ and the ``decode`` loop on the KV node ``thinker`` (``mstar.text.lm``'s text-LLM
 Encoder rows of many requests run as one batch; the encoders run once per request, before
 the prefill, however many chunks the prefill takes. Prefill and decode rows of different
 requests share one forward (a mixed batch).
+
+Speech out (checkpoints with ``talker_config`` and ``code2wav_config``; request kwarg
+``modalities`` containing ``"audio"``): the Thinker runs ``speech_prefill`` /
+``speech_decode`` instead, which also stream what the Talker reads (``talker_prompt``: the
+prompt rows, ``thinker_embed``: the embedding of each token fed back) into partition
+``talker`` (walks ``talker_prefill``, ``talker_decode`` on KV node ``talker``), whose frames
+stream into partition ``code2wav`` (walk ``vocode``, stateful streaming node ``code2wav``).
+A text-only request never runs or reaches the Talker and Code2Wav.
+
+Engine request (``Engine.add_request``):
+
+- inputs: ``prompt_ids`` and the processor's media tensors, as for text out;
+- kwargs: ``media`` as above; ``modalities``: ``["text"]`` (default) or
+  ``["text", "audio"]``; ``voice``: a speaker of the checkpoint's
+  ``talker_config.speaker_id`` (case-insensitive; default ``Ethan`` when listed, else the
+  first); an unknown voice, or audio from a checkpoint without a Talker, is a ValueError
+  naming what is valid;
+- sampling, per node and label: ``{"thinker": {"main": {...}}, "talker": {"main": {...},
+  "aux": {"code_predictor": {...}}}}`` (Talker defaults: transformers'
+  ``generate(return_audio=True)``: temperature 0.9, top_k 50, repetition_penalty 1.05;
+  code predictor: temperature 1, top_k 50, top_p 0.8; the Talker stops at codec EOS).
+
+Output signals (events in order per signal):
+
+- ``tokens`` [1] int: the Thinker's text ids, one per step (the end token withheld);
+- ``codes`` [1, G] int: one Talker frame per step, G codebook groups (the codec-EOS frame
+  withheld);
+- ``audio`` [n] float32: mono PCM at 24 kHz, in chunks as Code2Wav decodes the frames;
+  the chunks joined equal one whole decode of all frames.
 """
 
 from __future__ import annotations
