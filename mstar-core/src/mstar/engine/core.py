@@ -77,7 +77,7 @@ class EngineCore:
     def add_request(self, req: Request) -> None:
         for name, sig in self.graph.stream_edges().items():
             assert sig.stream is not None
-            req.streams[name] = StreamBuffer(sig.stream.policy)
+            req.streams[name] = StreamBuffer(sig.stream.policy, keep_past_end=sig.stream.past_end_signal is not None)
         self.scheduler.add(req)
 
     def push_stream(self, request_id: str, signal: str, value: torch.Tensor) -> None:

@@ -98,10 +98,12 @@ class Scheduler:
         self._chunk_inputs = {
             s.stream.chunk_signal: name for name, s in graph.stream_edges().items() if s.stream
         }
-        self._context_inputs = {
-            s.stream.context_signal: name
+        self._context_inputs = {  # present only with some chunks: never waited on
+            extra: name
             for name, s in graph.stream_edges().items()
-            if s.stream and s.stream.context_signal
+            if s.stream
+            for extra in (s.stream.context_signal, s.stream.past_end_signal)
+            if extra
         }
         self._iteration = 0
 
@@ -238,9 +240,12 @@ class Scheduler:
                 window, context, end = chunk
                 signals[name] = window
                 ends[stream] = end
-                ctx_name = self.graph.signals[stream].stream.context_signal  # type: ignore[union-attr]
-                if ctx_name:
-                    signals[ctx_name] = torch.tensor(context)
+                edge = self.graph.signals[stream].stream
+                assert edge is not None
+                if edge.context_signal:
+                    signals[edge.context_signal] = torch.tensor(context)
+                if edge.past_end_signal and r.req.streams[stream].is_past_end:
+                    signals[edge.past_end_signal] = torch.tensor(r.req.streams[stream].past_end)
         main = r.req.sampling.get(node.name)
         info = CurrentForwardPassInfo(
             request_id=r.req.id,

@@ -4,6 +4,9 @@ for the consumer by the edge's chunk policy.
 Items live in one preallocated tensor whose capacity doubles when full, so an append
 copies only the new items (amortised) and a chunk is a view: both cost O(chunk), not
 O(stream). Appends never write over stored items, so a chunk handed out stays valid.
+
+With ``past_end`` enabled (an edge with a ``past_end_signal``), a closed and drained
+stream keeps answering with empty chunks, counting the ones consumed in ``past_end``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ class StreamBuffer:
     length: int = 0  # items along dim 0
     consumed: int = 0
     closed: bool = False
+    keep_past_end: bool = False
+    past_end: int = 0  # empty chunks consumed after the stream closed and drained
     _data: torch.Tensor | None = field(default=None, repr=False)
 
     def append(self, value: torch.Tensor) -> None:
@@ -46,12 +51,22 @@ class StreamBuffer:
     def next_chunk(self) -> tuple[torch.Tensor, int, int] | None:
         """(window, context_items, end) of the next chunk, without consuming it."""
         cut = self.policy.next_chunk(self.length, self.consumed, self.closed)
+        if cut is None and self.keep_past_end and self.closed:
+            empty = self._data[self.length : self.length] if self._data is not None else torch.empty(0)
+            return empty, 0, self.consumed
         if cut is None or self._data is None:
             return None
         start, end, context = cut
         return self._data[start:end], context, end
 
+    @property
+    def is_past_end(self) -> bool:
+        """The next chunk is an empty one after the end (``keep_past_end`` streams)."""
+        return self.keep_past_end and self.drained
+
     def consume(self, end: int) -> None:
+        if self.is_past_end and end == self.consumed:
+            self.past_end += 1
         self.consumed = end
 
     @property

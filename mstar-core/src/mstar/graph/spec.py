@@ -40,13 +40,18 @@ class StreamingEdge:
     """Feeds a signal, as it grows, into another partition in chunks.
 
     The consumer reads the chunk under ``chunk_signal``; ``context_signal`` (optional) carries
-    how many leading items of the chunk are context only.
+    how many leading items of the chunk are context only. With ``past_end_signal`` set, a
+    consumer keeps stepping after the stream closed and drained: each further step gets an
+    empty chunk (no items) and, under ``past_end_signal``, how many such chunks it got
+    before (0, 1, ...); the signal is absent from chunks that hold items. Its loop then
+    needs another stop (``stop_on``, ``max_iters``).
     """
 
     into_partition: str
     chunk_signal: str
     policy: ChunkPolicy
     context_signal: str | None = None
+    past_end_signal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -200,8 +205,9 @@ class GraphSpec:
                         f"{edge.into_partition!r} (partitions: {sorted(self.partitions)})"
                     )
                 produced.add(edge.chunk_signal)
-                if edge.context_signal:
-                    produced.add(edge.context_signal)
+                for extra in (edge.context_signal, edge.past_end_signal):
+                    if extra:
+                        produced.add(extra)
         for walk in self.walks.values():
             for step in iter_steps(walk.body):
                 produced.update(step.outputs)
@@ -246,6 +252,6 @@ class GraphSpec:
 
     def _is_chunk_signal(self, name: str) -> bool:
         return any(
-            s.stream is not None and name in (s.stream.chunk_signal, s.stream.context_signal)
+            s.stream is not None and name in (s.stream.chunk_signal, s.stream.context_signal, s.stream.past_end_signal)
             for s in self.signals.values()
         )
