@@ -54,7 +54,7 @@ def test_sampler_defaults_follow_generation_config(ckpt: Path) -> None:
 @pytest.mark.parametrize(
     ("file", "edit", "match"),
     [
-        ("config.json", lambda d: d.update(tts_model_type="base"), "voice clone"),
+        ("config.json", lambda d: d.update(tts_model_type="voice_clone"), "tts_model_type"),
         ("config.json", lambda d: d["talker_config"].pop("hidden_size"), "talker_config: missing 'hidden_size'"),
         ("config.json", lambda d: d["talker_config"].update(hidden_act="gelu"), "hidden_act"),
         ("config.json", lambda d: d["talker_config"]["spk_id"].update(vivian=99999), "spk_id.vivian"),

@@ -17,6 +17,11 @@ from typing import Any
 ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 MODEL_TYPE = "qwen3_tts"
 CODEC_MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
+# ``tts_model_type``: CustomVoice (named speakers, optional instructions on 1.7B), Base (voice
+# clone from reference audio: a speaker encoder ships in model.safetensors) and VoiceDesign
+# (the voice described in the instructions).
+CUSTOM_VOICE, BASE, VOICE_DESIGN = "custom_voice", "base", "voice_design"
+MODEL_TYPES = (CUSTOM_VOICE, BASE, VOICE_DESIGN)
 
 # qwen-tts suppresses the talker's last 1024 ids (its control and speaker block) except
 # EOS when sampling the first codebook; the block size is fixed there, not in the config.
@@ -141,7 +146,7 @@ class TalkerConfig(TransformerConfig):
             text_vocab_size=int(_get(d, "text_vocab_size", where)),
             text_hidden_size=int(_get(d, "text_hidden_size", where)),
             num_code_groups=int(_get(d, "num_code_groups", where)),
-            spk_id={k.lower(): int(v) for k, v in _get(d, "spk_id", where).items()},
+            spk_id={k.lower(): int(v) for k, v in _get(d, "spk_id", where, {}).items()},
             spk_is_dialect={k.lower(): v for k, v in _get(d, "spk_is_dialect", where, {}).items()},
             codec_language_id={k.lower(): int(v) for k, v in _get(d, "codec_language_id", where, {}).items()},
             predictor=predictor,
@@ -301,6 +306,9 @@ class Qwen3TTSConfig:
     tts_bos_token_id: int
     tts_eos_token_id: int
     torch_dtype: str
+    tts_model_type: str = CUSTOM_VOICE
+    tts_model_size: str = ""
+    speaker_encoder: Any = None  # speaker_encoder.SpeakerEncoderConfig, Base checkpoints only
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Qwen3TTSConfig:
@@ -330,14 +338,37 @@ class Qwen3TTSConfig:
         for name, value in tokens.items():
             if not 0 <= value < talker.text_vocab_size:
                 raise ConfigError(f"{where}: {name} = {value} is outside the text vocabulary [0, {talker.text_vocab_size})")
+        kind = str(d.get("tts_model_type") or CUSTOM_VOICE)
+        if kind not in MODEL_TYPES:
+            raise ConfigError(f"{where}: tts_model_type {kind!r} is not one of {list(MODEL_TYPES)}")
+        if kind == CUSTOM_VOICE and not talker.spk_id:
+            raise ConfigError(f"{where}.talker_config: a CustomVoice checkpoint needs speakers (spk_id)")
+        speaker_encoder = None
+        if kind == BASE:
+            from mstar_qwen3tts.speaker_encoder import SpeakerEncoderConfig
+
+            speaker_encoder = SpeakerEncoderConfig.from_dict(_get(d, "speaker_encoder_config", where))
+            if speaker_encoder.enc_dim != talker.hidden_size:
+                raise ConfigError(f"{where}: speaker_encoder_config.enc_dim {speaker_encoder.enc_dim} != the talker's "
+                                  f"hidden_size {talker.hidden_size}")
         return cls(
             talker=talker,
             codec=codec,
             sampling=SamplingDefaults.from_dict(d.get("generation") or {}),
             streaming=streaming,
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+            tts_model_type=kind,
+            tts_model_size=str(d.get("tts_model_size") or ""),
+            speaker_encoder=speaker_encoder,
             **tokens,
         )
+
+    @property
+    def supports_instructions(self) -> bool:
+        """VoiceDesign always; CustomVoice except 0.6B, where qwen-tts drops the instruct (its
+        test is ``tts_model_size in "0b6"``, which a missing size also passes); Base never."""
+        return self.tts_model_type == VOICE_DESIGN or (
+            self.tts_model_type == CUSTOM_VOICE and self.tts_model_size not in "0b6")
 
     @property
     def speakers(self) -> list[str]:
@@ -367,11 +398,8 @@ def load_config(checkpoint_dir: Path) -> dict[str, Any]:
     if ARCHITECTURE not in (config.get("architectures") or []) and config.get("model_type") != MODEL_TYPE:
         raise ConfigError(f"{root}/config.json is not a Qwen3-TTS checkpoint (architectures: {config.get('architectures')})")
     kind = config.get("tts_model_type")
-    if kind != "custom_voice":
-        raise ConfigError(
-            f"{root}/config.json: tts_model_type {kind!r} is not served; this plugin serves CustomVoice "
-            "checkpoints (voice clone and voice design are not implemented)"
-        )
+    if kind not in MODEL_TYPES:
+        raise ConfigError(f"{root}/config.json: tts_model_type {kind!r} is not one of {list(MODEL_TYPES)}")
     gen_path = root / "generation_config.json"
     config["generation"] = _read_json(gen_path) if gen_path.is_file() else {}
     config["speech_tokenizer"] = _read_json(root / "speech_tokenizer" / "config.json")

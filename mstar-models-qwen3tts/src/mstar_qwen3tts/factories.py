@@ -24,7 +24,7 @@ def build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: st
     dtype = getattr(torch, cfg.torch_dtype) if torch.device(device).type == "cuda" else torch.float32
     talker = Talker(cfg, dtype)
     if checkpoint_dir is not None:
-        load_talker(talker, checkpoint_dir)
+        load_talker(talker, checkpoint_dir, base=cfg.tts_model_type == "base")
     return talker.to(device=device, dtype=dtype)
 
 

@@ -1,9 +1,11 @@
 """Random-weight checkpoints in the real Qwen3-TTS layout, small enough for tests.
 
-The layout matches the published CustomVoice repos: ``config.json``,
+The layout matches the published repos (CustomVoice, Base and VoiceDesign: ``kind``): ``config.json``,
 ``generation_config.json``, ``vocab.json`` + ``merges.txt`` + ``tokenizer_config.json``
 (a small byte-level BPE with the Qwen chat specials), ``model.safetensors`` (``talker.*``)
-and ``speech_tokenizer/{config.json, preprocessor_config.json, model.safetensors}``.
+(plus ``speaker_encoder.*`` for Base) and
+``speech_tokenizer/{config.json, preprocessor_config.json, model.safetensors}``. Base and
+VoiceDesign checkpoints have no named speakers (empty ``spk_id``).
 Weights are drawn from a seeded generator in sorted key order, so a (preset, seed) pair
 always gives the same checkpoint.
 """
@@ -113,7 +115,14 @@ def _tokenizer_files(path: Path) -> dict[str, int]:
 # ---- configs ---------------------------------------------------------------------------------
 
 
-def _configs(preset: Mapping[str, Any], special_ids: Mapping[str, int]) -> tuple[dict, dict, dict]:
+# A small ECAPA-TDNN (the released one: channels 512 x4 + 1536, attention 128, scale 8).
+_SPEAKER_ENCODER = {"mel_dim": 128, "enc_channels": [16, 16, 16, 16, 48], "enc_kernel_sizes": [5, 3, 3, 3, 1],
+                    "enc_dilations": [1, 2, 3, 4, 1], "enc_attention_channels": 8, "enc_res2net_scale": 4,
+                    "enc_se_channels": 8, "sample_rate": 24000}
+KINDS = ("custom_voice", "base", "voice_design")
+
+
+def _configs(preset: Mapping[str, Any], special_ids: Mapping[str, int], kind: str = "custom_voice") -> tuple[dict, dict, dict]:
     codebook, groups = preset["codebook_size"], preset["num_code_groups"]
     vocab = codebook + 1024  # the control block qwen-tts suppresses is the last 1024 ids
     text_vocab = 16 * math.ceil((max(special_ids.values()) + 1) / 16)
@@ -131,17 +140,18 @@ def _configs(preset: Mapping[str, Any], special_ids: Mapping[str, int]) -> tuple
         **{k: v for k, v in t.items() if k != "mrope_section"},
         **{k: codebook + v for k, v in _CONTROL.items()},
         "codec_language_id": {k: codebook + v for k, v in _LANGUAGES.items()},
-        "spk_id": {k: codebook + v for k, (v, _) in _SPEAKERS.items()},
-        "spk_is_dialect": {k: d for k, (_, d) in _SPEAKERS.items()},
+        "spk_id": {k: codebook + v for k, (v, _) in _SPEAKERS.items()} if kind == "custom_voice" else {},
+        "spk_is_dialect": {k: d for k, (_, d) in _SPEAKERS.items()} if kind == "custom_voice" else {},
         "code_predictor_config": predictor,
     }
     config = {
         "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
-        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": "0b6", "tts_model_type": "custom_voice",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": "0b6", "tts_model_type": kind,
         "im_start_token_id": special_ids["<|im_start|>"], "im_end_token_id": special_ids["<|im_end|>"],
         "tts_pad_token_id": special_ids["<tts_pad>"], "tts_bos_token_id": special_ids["<tts_text_bos>"],
         "tts_eos_token_id": special_ids["<tts_text_eod>"], "torch_dtype": "float32",
-        "talker_config": talker, "speaker_encoder_config": {"enc_dim": talker["hidden_size"], "sample_rate": 24000},
+        "talker_config": talker,
+        "speaker_encoder_config": {"enc_dim": talker["hidden_size"], **(_SPEAKER_ENCODER if kind == "base" else {"sample_rate": 24000})},
     }
     c = preset["codec"]
     samples = math.prod(c["upsample_rates"]) * math.prod(c["upsampling_ratios"])
@@ -246,9 +256,13 @@ def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def write_checkpoint(
-    path: Path, preset: str = "tiny", seed: int = 0, overrides: Mapping[str, Any] | None = None
+    path: Path, preset: str = "tiny", seed: int = 0, overrides: Mapping[str, Any] | None = None, kind: str = "custom_voice"
 ) -> Path:
-    """Write a random CustomVoice checkpoint; ``overrides`` deep-merge into ``config.json``."""
+    """Write a random checkpoint of ``kind`` (``tts_model_type``); ``overrides`` deep-merge
+    into ``config.json``. The talker and codec draws come first, so a CustomVoice checkpoint
+    is the same whatever this function learns to add for other kinds."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     from mstar_qwen3tts.codec_node import CodecNode
     from mstar_qwen3tts.config import Qwen3TTSConfig
     from mstar_qwen3tts.talker import Talker
@@ -256,7 +270,7 @@ def write_checkpoint(
     path = Path(path)
     (path / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     special_ids = _tokenizer_files(path)
-    config, codec, generation = _configs(PRESETS[preset], special_ids)
+    config, codec, generation = _configs(PRESETS[preset], special_ids, kind)
     config = _deep_merge(config, overrides or {})
     (path / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
@@ -270,6 +284,11 @@ def write_checkpoint(
     talker = _randomize(Talker(cfg).state_dict(), gen)
     decoder = _randomize(CodecNode(cfg.codec).state_dict(), gen)
     _normalize_output(cfg, decoder)
-    save_file({f"talker.{k}": v for k, v in talker.items()}, str(path / "model.safetensors"))
+    weights = {f"talker.{k}": v for k, v in talker.items()}
+    if kind == "base":
+        from mstar_qwen3tts.speaker_encoder import SpeakerEncoder
+
+        weights |= {f"speaker_encoder.{k}": v for k, v in _randomize(SpeakerEncoder(cfg.speaker_encoder).state_dict(), gen).items()}
+    save_file(weights, str(path / "model.safetensors"))
     save_file(decoder, str(path / "speech_tokenizer" / "model.safetensors"))
     return path

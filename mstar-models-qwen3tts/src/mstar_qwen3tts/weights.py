@@ -1,6 +1,6 @@
 """Strict weight loading from the checkpoint's safetensors files.
 
-``model.safetensors`` holds ``talker.*`` (a CustomVoice checkpoint has nothing else);
+``model.safetensors`` holds ``talker.*`` and, in Base checkpoints, ``speaker_encoder.*``;
 ``speech_tokenizer/model.safetensors`` holds ``decoder.*`` and the audio encoder's
 ``encoder.*``, which serves voice cloning (not implemented) and is skipped by name. Any
 other missing or unexpected key, or a shape that differs, is one error listing them all.
@@ -51,8 +51,16 @@ def _load_strict(module: nn.Module, path: Path, keep: str, strip: str, skip: tup
     module.load_state_dict(state, strict=True)
 
 
-def load_talker(module: nn.Module, checkpoint_dir: Path) -> None:
-    _load_strict(module, Path(checkpoint_dir) / TALKER_FILE, keep="talker.", strip="talker.")
+def load_talker(module: nn.Module, checkpoint_dir: Path, base: bool = False) -> None:
+    """``base``: the file also holds the speaker encoder (``load_speaker_encoder`` reads it);
+    elsewhere a ``speaker_encoder.*`` key is unexpected."""
+    skip = ("speaker_encoder.",) if base else ()
+    _load_strict(module, Path(checkpoint_dir) / TALKER_FILE, keep="talker.", strip="talker.", skip=skip)
+
+
+def load_speaker_encoder(module: nn.Module, checkpoint_dir: Path) -> None:
+    _load_strict(module, Path(checkpoint_dir) / TALKER_FILE, keep="speaker_encoder.", strip="speaker_encoder.",
+                 skip=("talker.",))
 
 
 def load_codec(module: nn.Module, checkpoint_dir: Path) -> None:

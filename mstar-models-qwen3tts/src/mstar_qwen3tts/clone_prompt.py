@@ -1,0 +1,151 @@
+"""Voice-clone prompts of Base checkpoints: reference audio (+ transcript) → tensors.
+
+A clone prompt is what qwen-tts's ``create_voice_clone_prompt`` computes, as three tensors
+(``ClonePrompt.tensors()``; names are stable: saved voices store exactly these):
+
+* ``speaker_embed`` float32 [D] (D = the talker's hidden size): the speaker encoder's
+  x-vector of the reference audio resampled to 24 kHz. Always present.
+* ``ref_codes`` int64 [T, G]: the 12 Hz speech tokenizer's encoding of the reference audio
+  (T frames of G codebooks). Shape [0, G] in ``x_vector_only_mode``.
+* ``ref_text_ids`` int64 [N]: the reference transcript's text token ids (the tokens between
+  ``<|im_start|>assistant\\n`` and ``<|im_end|>\\n``, tokenized as qwen-tts does, on their
+  own). Shape [0] in ``x_vector_only_mode``.
+
+``x_vector_only_mode`` is therefore ``ref_codes.shape[0] == 0``. In-context mode (false)
+needs a transcript: without one ``CloneEncoder.encode`` raises ``CloneError(param="ref_text")``.
+
+    encoder = CloneEncoder.from_checkpoint(ckpt_dir)          # Base checkpoints only
+    wave, rate = read_audio(raw_bytes)                          # CloneError(param="ref_audio") if bad
+    prompt = encoder.encode(wave, rate, ref_text="Hi there.", x_vector_only_mode=False)
+    save_file(prompt.tensors(), path); ClonePrompt.from_tensors(load_file(path))
+
+Today ``encode`` computes ``speaker_embed`` and ``ref_text_ids``; in-context mode also
+needs the speech tokenizer's encoder (``codec_encoder``), and ``encode`` raises a
+``CloneError(param="x_vector_only_mode")`` where the checkpoint's encoder is not loaded.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ASSISTANT_ROLE_TOKENS = 3  # "<|im_start|>", "assistant", "\n"
+REF_TAIL_TOKENS = 2  # "<|im_end|>", "\n"
+
+
+class CloneError(ValueError):
+    """Bad reference audio or transcript; ``param`` is the request field to name in a 400."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def ref_text_prompt(text: str) -> str:
+    """The reference transcript as qwen-tts tokenizes it."""
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n"
+
+
+@dataclass(frozen=True)
+class ClonePrompt:
+    speaker_embed: torch.Tensor  # float32 [D]
+    ref_codes: torch.Tensor  # int64 [T, G]; [0, G] in x_vector_only_mode
+    ref_text_ids: torch.Tensor  # int64 [N]; [0] in x_vector_only_mode
+
+    @property
+    def x_vector_only_mode(self) -> bool:
+        return self.ref_codes.shape[0] == 0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"speaker_embed": self.speaker_embed, "ref_codes": self.ref_codes, "ref_text_ids": self.ref_text_ids}
+
+    @classmethod
+    def from_tensors(cls, tensors: Mapping[str, torch.Tensor]) -> ClonePrompt:
+        missing = {"speaker_embed", "ref_codes", "ref_text_ids"} - tensors.keys()
+        if missing:
+            raise ValueError(f"a clone prompt needs tensors {sorted(missing)}")
+        spk = tensors["speaker_embed"].to(torch.float32).reshape(-1)
+        codes = tensors["ref_codes"].to(torch.long)
+        ids = tensors["ref_text_ids"].to(torch.long).reshape(-1)
+        if codes.dim() != 2:
+            raise ValueError(f"ref_codes must be [frames, groups], got {tuple(codes.shape)}")
+        if codes.shape[0] and not ids.numel():
+            raise ValueError("an in-context clone prompt (ref_codes) needs ref_text_ids")
+        return cls(spk, codes, ids)
+
+
+def read_audio(data: bytes, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
+    """Encoded audio (anything libsndfile reads: wav, flac, ogg, ...) → (float32 mono, rate).
+    Channels are averaged as qwen-tts does."""
+    import soundfile as sf
+
+    try:
+        wave, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as exc:  # soundfile raises several types for undecodable data
+        raise CloneError(f"ref_audio is not readable audio ({exc})", "ref_audio") from None
+    if wave.shape[0] == 0:
+        raise CloneError("ref_audio holds no samples", "ref_audio")
+    if max_seconds is not None and wave.shape[0] > max_seconds * rate:
+        raise CloneError(f"ref_audio is {wave.shape[0] / rate:.1f} s long; the limit is {max_seconds:g} s", "ref_audio")
+    return wave.mean(axis=1).astype(np.float32), int(rate)
+
+
+def resample(wave: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """soxr at its high quality, the resampler ``librosa.resample`` uses by default (qwen-tts's)."""
+    if rate == target:
+        return wave.astype(np.float32, copy=False)
+    import soxr
+
+    return soxr.resample(wave.astype(np.float32, copy=False), rate, target, quality="HQ").astype(np.float32, copy=False)
+
+
+class CloneEncoder:
+    """The Base checkpoint's speaker encoder (+ the speech tokenizer's encoder, when
+    loaded) and the text tokenizer: everything a clone prompt needs, on one device."""
+
+    def __init__(self, speaker_encoder: Any, tokenize: Callable[[str], list[int]], num_code_groups: int,
+                 codec_encoder: Any | None = None, codec_rate: int = 24000) -> None:
+        self.speaker_encoder = speaker_encoder
+        self.tokenize = tokenize
+        self.num_code_groups = num_code_groups
+        self.codec_encoder = codec_encoder
+        self.codec_rate = codec_rate
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: Path, device: str = "cpu") -> CloneEncoder:
+        from mstar_qwen3tts.clone_loading import load_clone_encoder
+
+        return load_clone_encoder(Path(checkpoint_dir), device)
+
+    def encode(self, wave: np.ndarray, sample_rate: int, ref_text: str | None = None,
+               x_vector_only_mode: bool = False) -> ClonePrompt:
+        """``wave``: float32 mono samples at ``sample_rate``."""
+        if wave.ndim != 1 or wave.size == 0:
+            raise CloneError("ref_audio must be non-empty mono audio", "ref_audio")
+        if not np.isfinite(wave).all():
+            raise CloneError("ref_audio holds non-finite samples", "ref_audio")
+        if not x_vector_only_mode and not ref_text:
+            raise CloneError("ref_text (the reference audio's transcript) is required unless x_vector_only_mode is true",
+                             "ref_text")
+        spk_rate = self.speaker_encoder.cfg.sample_rate
+        spk_wave = torch.from_numpy(resample(wave, sample_rate, spk_rate))
+        if spk_wave.numel() < 1024:  # the mel front end's window
+            raise CloneError("ref_audio is too short", "ref_audio")
+        speaker = self.speaker_encoder.embed(spk_wave).cpu()
+        if x_vector_only_mode:
+            empty = torch.zeros(0, self.num_code_groups, dtype=torch.long)
+            return ClonePrompt(speaker, empty, torch.zeros(0, dtype=torch.long))
+        if self.codec_encoder is None:
+            raise CloneError("in-context cloning needs the speech tokenizer's encoder, which is not loaded; "
+                             "use x_vector_only_mode", "x_vector_only_mode")
+        codes = self.codec_encoder.encode(torch.from_numpy(resample(wave, sample_rate, self.codec_rate))).cpu()
+        ids = self.tokenize(ref_text_prompt(ref_text))[ASSISTANT_ROLE_TOKENS:-REF_TAIL_TOKENS]
+        if not ids:
+            raise CloneError("ref_text is empty", "ref_text")
+        return ClonePrompt(speaker, codes.to(torch.long), torch.tensor(ids, dtype=torch.long))
