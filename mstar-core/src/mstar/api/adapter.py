@@ -23,6 +23,17 @@ pairs them in order; withhold the logprob signals wherever the token itself is w
 (e.g. an EOS). The adapter names the signals, renders tokens with ``token_text`` and
 ``token_bytes``, and sets ``supports_logprobs = True``. The server asks the engines for the
 logprob signals only for requests that want them.
+
+Text and audio out of one chat request (``modalities: ["text", "audio"]``), a
+model-agnostic convention: the adapter sets ``chat_audio = True``, names ``text_signal``
+(token values, read through ``text_decoder``) and ``audio_signal`` (values turned into mono
+float32 samples by ``audio_chunk``, at ``sample_rate``), and lists its ``voices()``. The
+server checks ``audio.voice`` with ``audio_voice`` and ``audio.format`` against what it can
+encode before the request runs; ``chat_inputs`` sees ``request.wants_audio`` and
+``request.audio`` and sets the engine inputs / kwargs that make the graph speak (e.g. a
+walk that runs only then) in that voice. The server asks the engines for the audio signal
+only for such requests, and renders both signals in arrival order: the transcript and the
+audio of OpenAI's ``message.audio`` (whole) or ``delta.audio`` (streamed).
 """
 
 from __future__ import annotations
@@ -95,7 +106,8 @@ class ApiAdapter:
     sample_rate: int | None = None
     #: The node OpenAI sampling fields apply to (default: the first sampling node).
     sampling_node: str | None = None
-    #: Whether chat completions can produce audio (``modalities: ["audio"]``).
+    #: Whether chat completions can produce audio (``modalities: ["text", "audio"]``; the
+    #: module docstring has the convention).
     chat_audio: bool = False
     #: Logprobs for chat (see the module docstring for the signals' convention).
     supports_logprobs: bool = False
@@ -111,6 +123,19 @@ class ApiAdapter:
         """The voices ``GET /v1/audio/voices`` lists; the first is the one a speech request
         without ``voice`` gets. Default: none listed."""
         return []
+
+    def audio_voice(self, voice: str | None, param: str = "voice") -> str | None:
+        """The voice a request with audio output speaks with: ``voice`` when the model lists
+        it, the first listed voice when ``voice`` is None; any other name is a 400 (naming
+        ``param``) that lists the voices. A model that lists none takes ``voice`` as it is."""
+        names = [v.name for v in self.voices()]
+        if not names:
+            return voice
+        if voice is None:
+            return names[0]
+        if voice not in names:
+            raise ApiError(400, f"unknown voice {voice!r}; this model's voices: {', '.join(names)}", param=param, code="unknown_voice")
+        return voice
 
     # ---- requests → engine inputs (preprocess pool) ---------------------------------
     def chat_inputs(self, request: ChatCompletionRequest) -> EngineRequest:

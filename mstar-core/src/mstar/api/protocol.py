@@ -18,12 +18,19 @@ class SamplingExtension(BaseModel):
     """M*'s extension field ``sampling``: main-sampler fields and aux samplers by label.
 
     Example: ``{"top_k": 20, "aux": {"residual": {"temperature": 0.7}}}``. Fields are
-    those of ``mstar.sampling.SamplingParams``; an unknown aux label is a 400.
+    those of ``mstar.sampling.SamplingParams``; an unknown aux label is a 400. These apply
+    to the node OpenAI's fields drive (the adapter's ``sampling_node``).
+
+    ``nodes`` sets any sampling node of the model in the same shape, e.g.
+    ``{"nodes": {"talker": {"temperature": 0.9, "aux": {"code_predictor": {"top_k": 50}}}}}``;
+    an unknown node is a 400 listing the sampling nodes. For the node OpenAI's fields drive,
+    the top-level fields and the fields above win over its ``nodes`` entry.
     """
 
     model_config = ConfigDict(extra="allow")
 
     aux: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     def main_fields(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
@@ -61,11 +68,27 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class AudioOutputOptions(BaseModel):
+class VoiceRef(BaseModel):
+    """OpenAI's custom-voice form of ``voice``: ``{"id": "voice_1234"}``."""
+
     model_config = _LENIENT
 
-    voice: str | None = None
-    format: Literal["wav", "pcm16", "flac", "pcm"] = "wav"
+    id: str
+
+
+class AudioOutputOptions(BaseModel):
+    """Chat ``audio``: the voice (a name, or ``{"id": name}``) and the container format.
+    Values are checked against the model (its voices) and ``mstar.api.audio`` (formats) by
+    the route, so the 400 can list what is valid."""
+
+    model_config = _LENIENT
+
+    voice: str | VoiceRef | None = None
+    format: str = "wav"
+
+    @property
+    def voice_name(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
 
 class _SamplingFields(BaseModel):

@@ -1,5 +1,12 @@
 """Request fields → per-node ``MultiSamplingConfig``s with seeds resolved (in the API
-process, so every engine process of a request samples with the same seeds)."""
+process, so every engine process of a request samples with the same seeds).
+
+On the OpenAI-shaped endpoints one request sets every sampling node: the OpenAI fields and
+``sampling``'s own fields / ``aux`` drive the adapter's ``sampling_node``; ``sampling.nodes``
+sets any sampling node (main fields and ``aux``) by name. A node whose ``seed`` the request
+does not set gets one derived from the reported seed (the ``sampling_node``'s) and its name,
+so that one seed reproduces every node's draws.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from mstar.api.errors import ApiError, loc_to_param
 from mstar.api.protocol import _SamplingFields
 from mstar.sampling import UnknownSamplerLabelError
 from mstar.sampling.resolve import per_node_sampling, resolve_node
+from mstar.sampling.seeds import derive_seed
 
 # Request fields copied onto SamplingParams fields of the same name.
 _DIRECT = (
@@ -28,6 +36,8 @@ class RequestSampling:
         self.main: dict[str, Any] = {}
         self.aux: dict[str, dict[str, Any]] = {}
         self.param_names: dict[str, str] = {}
+        #: ``sampling.nodes``: node -> its fields as sent (main fields and ``aux``).
+        self.nodes: dict[str, dict[str, Any]] = {}
 
     def set(self, field: str, value: Any, param: str | None = None) -> None:
         if value is not None:
@@ -42,6 +52,7 @@ def request_sampling(req: _SamplingFields, *, max_tokens: tuple[str, int | None]
         for field, value in req.sampling.main_fields().items():
             out.set(field, value, f"sampling.{field}")
         out.aux = {label: dict(v) for label, v in req.sampling.aux.items()}
+        out.nodes = {node: dict(v) for node, v in req.sampling.nodes.items()}
     for field in _DIRECT:
         out.set(field, getattr(req, field))
     if max_tokens is not None:
@@ -49,21 +60,59 @@ def request_sampling(req: _SamplingFields, *, max_tokens: tuple[str, int | None]
     return out
 
 
+def node_seed(seed: int, node: str) -> int:
+    """The seed of a sampling node the request left unseeded, from the reported seed."""
+    return derive_seed(seed, f"node:{node}")
+
+
+def _split(node: str, given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    aux = given.get("aux", {})
+    if not isinstance(aux, Mapping) or not all(isinstance(v, Mapping) for v in aux.values()):
+        raise ApiError(400, f"sampling.nodes.{node}.aux must map labels to objects", param=f"sampling.nodes.{node}.aux", code="invalid_value")
+    return {k: v for k, v in given.items() if k != "aux"}, {label: dict(v) for label, v in aux.items()}
+
+
+def _request_per_node(
+    node_samplers: Mapping[str, Any], target: str | None, sampling: RequestSampling
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, str]]]:
+    """The request's per-node sampling and, per node, the request's name of each field."""
+    unknown = sorted(set(sampling.nodes) - set(node_samplers))
+    if unknown:
+        raise ApiError(
+            400, f"sampling.nodes names node(s) {unknown} that do not sample; sampling nodes: {sorted(node_samplers)}",
+            param=f"sampling.nodes.{unknown[0]}", code="unknown_sampling_node",
+        )
+    per_node: dict[str, dict[str, Any]] = {}
+    names: dict[str, dict[str, str]] = {}
+    for node, given in sampling.nodes.items():
+        main, aux = _split(node, given)
+        per_node[node] = {"main": main, "aux": aux}
+        names[node] = {field: f"sampling.nodes.{node}.{field}" for field in main}
+    if target is not None:  # OpenAI's fields and sampling's own win for their node
+        base = per_node.get(target, {"main": {}, "aux": {}})
+        aux = {label: {**base["aux"].get(label, {}), **v} for label, v in sampling.aux.items()}
+        per_node[target] = {"main": {**base["main"], **sampling.main}, "aux": {**base["aux"], **aux}}
+        names[target] = {**names.get(target, {}), **sampling.param_names}
+    return per_node, names
+
+
 def resolve_sampling(
     node_samplers: Mapping[str, Any], node: str | None, sampling: RequestSampling | Mapping[str, Any] | None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
     """``({node: {"main": {...}, "aux": {...}}}, {node: seed})`` for every sampling node.
 
-    ``sampling`` applies to ``node`` (default: the first sampling node); a mapping is the
-    native form, ``{node: {"main":..., "aux":...}}`` or main fields for a one-sampler model.
+    A ``RequestSampling`` applies to ``node`` (default: the first sampling node) and, through
+    ``sampling.nodes``, to any other; nodes it leaves unseeded derive their seed from
+    ``node``'s (``node_seed``). A mapping is the native form, ``{node: {"main":...,
+    "aux":...}}`` or main fields for a one-sampler model; there every unseeded node draws a
+    fresh seed and the response reports each.
     """
     per_node: dict[str, dict[str, Any]] = {}
-    names: dict[str, str] = {}
+    names: dict[str, dict[str, str]] = {}
+    openai_shaped = isinstance(sampling, RequestSampling)
+    target = (node or next(iter(node_samplers), None)) if openai_shaped else None
     if isinstance(sampling, RequestSampling):
-        target = node or next(iter(node_samplers), None)
-        if target is not None:
-            per_node[target] = {"main": sampling.main, "aux": sampling.aux}
-        names = sampling.param_names
+        per_node, names = _request_per_node(node_samplers, target, sampling)
     elif sampling:
         try:
             per_node = per_node_sampling(node_samplers, sampling)
@@ -71,19 +120,31 @@ def resolve_sampling(
             raise ApiError(400, str(exc), param="sampling") from None
     configs: dict[str, dict[str, Any]] = {}
     seeds: dict[str, int] = {}
-    for name, decl in node_samplers.items():
-        prefix = "sampling." if not isinstance(sampling, RequestSampling) else ""
-        if not isinstance(sampling, RequestSampling) and len(node_samplers) > 1:
-            prefix = f"sampling.{name}."
+    # The reported node first: the others' seeds derive from its.
+    order = sorted(node_samplers, key=lambda n: n != target)
+    for name in order:
+        decl = node_samplers[name]
+        if openai_shaped:
+            prefix = "" if name == target else f"sampling.nodes.{name}."
+        else:
+            prefix = f"sampling.{name}." if len(node_samplers) > 1 else "sampling."
+        given = per_node.get(name)
+        if openai_shaped and target in seeds:  # a node besides the reported one
+            given = given or {"main": {}, "aux": {}}
+            if given["main"].get("seed") is None:
+                given = {**given, "main": {**given["main"], "seed": node_seed(seeds[target], name)}}
         try:
-            cfg, seed = resolve_node(decl, per_node.get(name))
+            cfg, seed = resolve_node(decl, given)
         except UnknownSamplerLabelError as exc:
-            raise ApiError(400, str(exc), param=f"{prefix or 'sampling.'}aux", code="unknown_sampler_label") from None
+            param = f"{prefix or 'sampling.'}aux"
+            if isinstance(sampling, RequestSampling) and name == target and not set(exc.unknown) & set(sampling.aux):
+                param = f"sampling.nodes.{name}.aux"  # the label came in the node's own entry
+            raise ApiError(400, str(exc), param=param, code="unknown_sampler_label") from None
         except ValidationError as exc:
-            raise _sampling_error(exc, names, prefix) from None
+            raise _sampling_error(exc, names.get(name, {}), prefix) from None
         configs[name] = cfg.model_dump(mode="json")
         seeds[name] = seed
-    return configs, seeds
+    return configs, {name: seeds[name] for name in node_samplers}
 
 
 def _sampling_error(exc: ValidationError, names: Mapping[str, str], prefix: str) -> ApiError:

@@ -1,4 +1,15 @@
-"""``POST /v1/chat/completions``: text (and audio, where the model has it), whole or SSE."""
+"""``POST /v1/chat/completions``: text (and audio, where the model has it), whole or SSE.
+
+Audio output (``modalities: ["text", "audio"]``) follows OpenAI's shapes. Whole:
+``message.content`` is null and ``message.audio`` is ``{id, data, expires_at, transcript}``
+with ``data`` the base64 of the whole clip in ``audio.format``. Streamed (``audio.format``
+must be ``pcm16``, as OpenAI requires): after the role chunk, each batch of engine outputs
+gives a ``delta.audio = {id, transcript}`` chunk for its text and then a
+``delta.audio = {id, data}`` chunk (base64 16-bit PCM) for its audio, in the order the
+engines produced them; then one ``delta.audio = {expires_at}`` update, the finish chunk and
+``[DONE]``. The server keeps no audio for later turns, so ``expires_at`` is the response's
+``created`` time.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +24,7 @@ from starlette.types import Receive
 
 from mstar import __version__
 from mstar.api.adapter import CHAT, not_served
-from mstar.api.audio import encode_audio, to_pcm16
+from mstar.api.audio import encode_audio, format_problem, to_pcm16
 from mstar.api.errors import ApiError
 from mstar.api.protocol import ChatCompletionRequest
 from mstar.api.sampling import request_sampling
@@ -60,10 +71,22 @@ def check_chat_request(rt: ServerRuntime, req: ChatCompletionRequest) -> None:
         raise ApiError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
-    if req.wants_audio and not (adapter.chat_audio and adapter.audio_signal):
+    if req.wants_audio:
+        check_audio_output(rt, req)
+
+
+def check_audio_output(rt: ServerRuntime, req: ChatCompletionRequest) -> None:
+    """``modalities`` / ``audio`` against what the model and the server can produce."""
+    adapter = rt.adapter
+    if not (adapter.chat_audio and adapter.audio_signal):
         raise ApiError(400, f"model {rt.model_name!r} has no audio output; use modalities [\"text\"]", param="modalities")
-    if req.wants_audio and req.stream and req.audio is not None and req.audio.format not in ("pcm16", "pcm"):
+    fmt = req.audio.format if req.audio is not None else "wav"
+    problem = format_problem(fmt, adapter.sample_rate or 16000)
+    if problem:
+        raise ApiError(400, problem, param="audio.format")
+    if req.stream and fmt not in ("pcm16", "pcm"):
         raise ApiError(400, "streamed audio is sent as pcm16; set audio.format to \"pcm16\"", param="audio.format")
+    adapter.audio_voice(req.audio.voice_name if req.audio is not None else None, "audio.voice")
 
 
 async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest, receive: Receive) -> Response:
@@ -88,7 +111,7 @@ async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest, receiv
     out = OutputTracker(rt, ex, adapter.text_decoder(), stop_strings(sampling.main.get("stop")), logprobs)
     if req.stream:
         body = ending_with_error(_stream(rt, req, ex, out), ex, _error_frames)
-        return ManagedStreamingResponse(body, ex.close, media_type="text/event-stream", headers=_headers(ex))
+        return ManagedStreamingResponse(body, ex.close, media_type="text/event-stream", headers=_headers(ex, req))
     try:
         async with abort_on_disconnect(receive, ex.close):
             async for batch in ex.batches():
@@ -99,11 +122,14 @@ async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest, receiv
         tail = out.finish()
     finally:
         ex.close()
-    return JSONResponse(_completion(rt, req, ex, out, tail), headers=_headers(ex))
+    return JSONResponse(_completion(rt, req, ex, out, tail), headers=_headers(ex, req))
 
 
-def _headers(ex: Execution) -> dict[str, str]:
-    return {"x-request-id": ex.request_id, **({"x-mstar-seed": str(ex.seed)} if ex.seed is not None else {})}
+def _headers(ex: Execution, req: ChatCompletionRequest) -> dict[str, str]:
+    headers = {"x-request-id": ex.request_id, **({"x-mstar-seed": str(ex.seed)} if ex.seed is not None else {})}
+    if req.wants_audio:
+        headers["x-sample-rate"] = str(ex.rt.adapter.sample_rate or 16000)
+    return headers
 
 
 def _usage(ex: Execution, out: OutputTracker) -> dict[str, int]:
@@ -120,6 +146,7 @@ def _logprobs(out: OutputTracker) -> dict[str, Any] | None:
 
 def _completion(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, out: OutputTracker, tail: str) -> dict[str, Any]:
     text = out.text.text
+    created = int(time.time())
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if req.wants_audio:
         fmt = req.audio.format if req.audio else "wav"
@@ -128,13 +155,13 @@ def _completion(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, ou
         message["audio"] = {
             "id": f"audio-{ex.request_id}",
             "data": base64.b64encode(encode_audio(audio, rt.adapter.sample_rate or 16000, fmt)).decode(),
-            "expires_at": int(time.time()) + 3600,
+            "expires_at": created,  # kept for no later turn
             "transcript": text,
         }
     return {
         "id": ex.request_id,
         "object": "chat.completion",
-        "created": int(time.time()),
+        "created": created,
         "model": rt.model_name,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "seed": ex.seed,
@@ -166,35 +193,34 @@ async def _stream(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, 
             return head + encode_json(delta) + b',"logprobs":{"content":' + encode_json(logprobs) + logprobs_end
         return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
 
-    def delta_of(text: str, audio: list[np.ndarray]) -> dict[str, Any]:
-        delta: dict[str, Any] = {}
-        if req.wants_audio:
-            piece: dict[str, Any] = {"id": audio_id}
-            if text:
-                piece["transcript"] = text
-            if audio:
-                piece["data"] = base64.b64encode(to_pcm16(np.concatenate(audio))).decode()
-            if len(piece) > 1:
-                delta["audio"] = piece
-        elif text:
-            delta["content"] = text
-        return delta
+    def deltas(text: str, audio: list[np.ndarray]) -> list[dict[str, Any]]:
+        """The batch's deltas: text as content, or (audio out) a transcript delta, then
+        its audio as one base64 pcm16 delta."""
+        if not req.wants_audio:
+            return [{"content": text}] if text else []
+        found: list[dict[str, Any]] = []
+        if text:
+            found.append({"audio": {"id": audio_id, "transcript": text}})
+        if audio:
+            found.append({"audio": {"id": audio_id, "data": base64.b64encode(to_pcm16(np.concatenate(audio))).decode()}})
+        return found
 
     yield chunk({"role": "assistant", "content": "" if not req.wants_audio else None})
     async for batch in ex.batches():
         text, audio = out.consume(batch)
-        delta = delta_of(text, audio)
         entries = out.logprobs.take() if out.logprobs is not None else None
-        if delta or entries:
-            yield chunk(delta, logprobs=entries)
+        parts = deltas(text, audio) or ([{}] if entries else [])
+        for i, delta in enumerate(parts):
+            yield chunk(delta, logprobs=entries if i == 0 else None)
         if out.text.stopped:
             ex.stop()
             break
-    last = delta_of(out.finish(), [])  # the detokenizer's flush (e.g. a cut multi-byte character)
-    if last:
-        yield chunk(last)
+    for delta in deltas(out.finish(), []):  # the detokenizer's flush (e.g. a cut multi-byte character)
+        yield chunk(delta)
     if ex.finish_reason == "abort":
         return  # the client is gone
+    if req.wants_audio:
+        yield chunk({"audio": {"expires_at": base["created"]}})
     yield chunk({}, _finish_reason(ex.finish_reason))
     if req.stream_options is not None and req.stream_options.include_usage:
         yield sse({**base, "choices": [], "usage": _usage(ex, out)})
