@@ -3,6 +3,21 @@ tokenizer and chat template, with OpenAI content parts ``text``, ``image_url``,
 ``input_audio``, ``audio_url`` and ``video_url`` through transformers' Qwen3-Omni processor
 (``processing.Preprocessor``). A media part that cannot be used is a 400 naming it.
 
+Speech out, for checkpoints with a Talker (``talker_config.speaker_id`` lists its voices):
+
+- chat with ``modalities: ["text", "audio"]`` and ``audio: {"voice", "format"}`` sets the
+  engine kwargs ``modalities`` and ``voice`` (the plugin docstring has the graph); voices are
+  the checkpoint's speakers, matched case-insensitively, ``Ethan`` (when listed) first and the
+  default; any other is a 400 listing them. Text is the ``tokens`` signal, audio the
+  ``audio`` signal (24 kHz).
+- ``/v1/audio/speech`` speaks ``input`` through the Thinker, whose text the Talker voices:
+  the prompt is the chat template over a system message (``SPEECH_SYSTEM_PROMPT``, asking for
+  the user's text read aloud word for word) and ``input`` as the user message. The checkpoint
+  has no prompt format that forces its text, so what is spoken is what the Thinker answers
+  (with released weights: the input). ``instructions`` and ``speed`` other than 1 are a 400.
+- Sampling: OpenAI's fields drive the Thinker; ``sampling.nodes.talker`` (main fields and
+  ``aux.code_predictor``) the Talker and its code predictor.
+
 Remote media URLs are refused unless their host is listed in the environment variable
 ``MSTAR_ALLOWED_MEDIA_DOMAINS`` (comma-separated; a leading dot allows subdomains as
 ``media.py`` defines). ``use_audio_in_video`` (or vLLM's
@@ -12,15 +27,16 @@ Remote media URLs are refused unless their host is listed in the environment var
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from mstar.api.adapter import EngineRequest
+from mstar.api.adapter import CHAT, COMPLETIONS, SPEECH, EngineRequest, Voice
 from mstar.api.errors import ApiError
-from mstar.api.protocol import ChatCompletionRequest
+from mstar.api.protocol import ChatCompletionRequest, SpeechRequest
 from mstar.api.text_adapter import TextLMAdapter
+from mstar.text import chat_prompt_ids
 from mstar.text.lm import PROMPT
 
 from mstar_qwen3omni.media import MediaLimits
@@ -28,6 +44,17 @@ from mstar_qwen3omni.media import MediaLimits
 ALLOWED_DOMAINS_ENV = "MSTAR_ALLOWED_MEDIA_DOMAINS"
 # Processor tensor -> the media kind whose encoder walk consumes it.
 MEDIA_OF_TENSOR = {"input_features": "audio", "pixel_values": "image", "pixel_values_videos": "video"}
+AUDIO_SIGNAL = "audio"
+SAMPLE_RATE = 24000  # Code2Wav's output rate
+DEFAULT_VOICE = "ethan"
+SPEECH_SYSTEM_PROMPT = "Read the user's message aloud exactly as written, word for word, adding nothing."
+
+
+def speaker_names(config: Mapping[str, Any]) -> list[str]:
+    """The checkpoint's voices as it spells them, the default (Ethan when listed) first;
+    none for a checkpoint without a Talker."""
+    names = [str(k) for k in ((config.get("talker_config") or {}).get("speaker_id") or {})]
+    return sorted(names, key=lambda n: n.lower() != DEFAULT_VOICE)
 
 
 def limits_from_env() -> MediaLimits:
@@ -36,10 +63,34 @@ def limits_from_env() -> MediaLimits:
 
 
 class OmniChatAdapter(TextLMAdapter):
-    def __init__(self, checkpoint_dir: str | Path, text_config: Mapping[str, Any], node: str, limits: MediaLimits) -> None:
+    def __init__(
+        self, checkpoint_dir: str | Path, text_config: Mapping[str, Any], node: str, limits: MediaLimits,
+        speakers: Sequence[str] = (),
+    ) -> None:
         super().__init__(checkpoint_dir, text_config, node=node)
         self.limits = limits
         self._preprocessor: Any = None
+        self.speakers = tuple(speakers)
+        if self.speakers:  # a checkpoint with a Talker speaks
+            self.endpoints = frozenset({CHAT, COMPLETIONS, SPEECH})
+            self.chat_audio = True
+            self.audio_signal = AUDIO_SIGNAL
+            self.sample_rate = SAMPLE_RATE
+
+    def voices(self) -> list[Voice]:
+        return [Voice(name) for name in self.speakers]
+
+    def audio_voice(self, voice: str | None, param: str = "voice") -> str | None:
+        """The checkpoint's spelling of ``voice`` (case-insensitive), the default for None;
+        a 400 listing the voices otherwise."""
+        if voice is None or not self.speakers:
+            return super().audio_voice(voice, param)
+        found = [name for name in self.speakers if name.lower() == voice.lower()]
+        return super().audio_voice(found[0] if found else voice, param)
+
+    def _speaking(self, req: EngineRequest, voice: str | None, param: str) -> EngineRequest:
+        req.kwargs.update(modalities=["text", "audio"], voice=self.audio_voice(voice, param))
+        return req
 
     @property
     def preprocessor(self) -> Any:
@@ -50,6 +101,21 @@ class OmniChatAdapter(TextLMAdapter):
         return self._preprocessor
 
     def chat_inputs(self, request: ChatCompletionRequest) -> EngineRequest:
+        req = self._chat_inputs(request)
+        if request.wants_audio:  # the route checked that this checkpoint speaks
+            return self._speaking(req, request.audio.voice_name if request.audio else None, "audio.voice")
+        return req
+
+    def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
+        if request.instructions:
+            raise ApiError(400, "instructions are not implemented for qwen3omni speech", param="instructions", code="not_implemented")
+        if request.speed != 1.0:
+            raise ApiError(400, "speed control is not implemented for qwen3omni; omit speed or use 1.0", param="speed", code="not_implemented")
+        messages = [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}, {"role": "user", "content": request.input}]
+        ids = chat_prompt_ids(self.tokenizer, messages)
+        return self._speaking(self._request(ids, "input"), request.voice, "voice")
+
+    def _chat_inputs(self, request: ChatCompletionRequest) -> EngineRequest:
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         if not any(has_media(m) for m in messages):
             return super().chat_inputs(request)
