@@ -18,16 +18,17 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def server(start_server: Any) -> ServerProcess:
-    return start_server()
+def server(start_server: Any, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    # A voices directory of its own: saved voices elsewhere never reach this listing.
+    return start_server(["--voices-dir", str(tmp_path_factory.mktemp("voices"))])
 
 
 def test_voices_endpoint_lists_the_served_models_voices(server: ServerProcess) -> None:
     resp = httpx.get(f"{server.url}/v1/audio/voices", timeout=10)
     assert resp.status_code == 200
     assert resp.json() == {"object": "list", "data": [{
-        "object": "voice", "id": "alloy", "name": "alloy", "model": "toy", "languages": [], "default": True,
-        "description": "the toy's only voice; any voice name is accepted and ignored",
+        "object": "voice", "id": "alloy", "name": "alloy", "model": "toy", "languages": [], "default": True, "saved": False,
+        "description": "the toy's only built-in voice; other names are ignored unless they name a saved voice",
     }]}
     assert httpx.get(f"{server.url}/v1/audio/voices", params={"model": "toy-lm"}, timeout=10).json() == resp.json()
     missing = httpx.get(f"{server.url}/v1/audio/voices", params={"model": "nope"}, timeout=10)

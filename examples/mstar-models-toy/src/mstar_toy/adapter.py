@@ -5,9 +5,11 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
+import numpy as np
 import torch
 from mstar.api import CHAT, SPEECH, ApiAdapter, ApiError, EngineRequest, TextDecoder, Voice
 from mstar.api.protocol import ChatCompletionRequest, SpeechRequest
+from mstar.api.voices import SavedVoice, VoiceSample
 
 from mstar_toy.config import BYTE_VOCAB, encode_text
 from mstar_toy.lm import LOGPROB, TOP_IDS, TOP_VALUES
@@ -37,6 +39,7 @@ class ToyApiAdapter(ApiAdapter):
     logprob_signal = LOGPROB
     top_logprob_ids_signal = TOP_IDS
     top_logprob_values_signal = TOP_VALUES
+    creates_voices = True
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.bos_token_id = int(config["bos_token_id"])
@@ -49,8 +52,9 @@ class ToyApiAdapter(ApiAdapter):
         }
 
     def voices(self) -> list[Voice]:
-        # One voice: the toy has no speakers and ignores a request's ``voice``.
-        return [Voice("alloy", description="the toy's only voice; any voice name is accepted and ignored")]
+        # One voice: the toy has no speakers and ignores a request's ``voice`` unless it
+        # names a saved voice (``voice_tensors``).
+        return [Voice("alloy", description="the toy's only built-in voice; other names are ignored unless they name a saved voice")]
 
     def _prompt(self, text: str, param: str) -> EngineRequest:
         ids = encode_text(text, self.bos_token_id)
@@ -73,6 +77,18 @@ class ToyApiAdapter(ApiAdapter):
 
     def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
         return self._prompt(request.input, "input")
+
+    def voice_tensors(self, sample: VoiceSample) -> dict[str, torch.Tensor]:
+        """A toy "clone": the clip's loudness in quarters, as four letters (RMS 0 -> 'a',
+        each 1/26 one letter up), then its transcript; a request in this voice speaks
+        them before its input."""
+        quarters = np.array_split(sample.audio.astype(np.float64), 4)
+        letters = "".join(chr(ord("a") + min(25, int(26 * np.sqrt(np.mean(q**2))))) if q.size else "a" for q in quarters)
+        return {"prefix": torch.tensor(list((letters + (sample.transcript or "")).encode()), dtype=torch.uint8)}
+
+    def speech_inputs_with_voice(self, request: SpeechRequest, voice: SavedVoice) -> EngineRequest:
+        prefix = bytes(voice.tensors["prefix"].tolist()).decode()
+        return self._prompt(prefix + request.input, "input")
 
     def text_decoder(self) -> TextDecoder:
         return ByteTextDecoder()

@@ -52,8 +52,10 @@ from mstar.api.protocol import (
     SpeechRequest,
 )
 from mstar.api.tensors import tensor_from_json
+from mstar.api.voices import SavedVoice, VoiceSample
 
 CHAT, SPEECH, GENERATE, COMPLETIONS = "chat", "speech", "generate", "completions"
+VOICE = "voice"  # making a saved voice (POST /v1/audio/voices; preprocess pool only)
 
 
 @dataclass
@@ -115,6 +117,9 @@ class ApiAdapter:
     top_logprob_ids_signal: str | None = None
     top_logprob_values_signal: str | None = None
     max_n: int = 1
+    #: Whether ``POST /v1/audio/voices`` can make voices for this model: then
+    #: ``voice_tensors`` and ``speech_inputs_with_voice`` are implemented.
+    creates_voices: bool = False
 
     def serves(self, endpoint: str) -> bool:
         return endpoint == GENERATE or endpoint in self.endpoints
@@ -142,6 +147,18 @@ class ApiAdapter:
         raise NotImplementedError
 
     def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
+        raise NotImplementedError
+
+    def voice_tensors(self, sample: VoiceSample) -> dict[str, torch.Tensor]:
+        """A reference clip (+ transcript, + the upload's model-specific ``options``) → the
+        tensors a saved voice stores (e.g. a speaker embedding and the clip's codes), computed
+        once when the voice is made. Runs in the preprocess pool: load what it needs there
+        (once per worker), never on the API process's event loop. Errors as in
+        ``speech_inputs`` (``ApiError``, or ``ValueError`` for a 400)."""
+        raise NotImplementedError
+
+    def speech_inputs_with_voice(self, request: SpeechRequest, voice: SavedVoice) -> EngineRequest:
+        """``speech_inputs`` for a request whose ``voice`` names a saved voice (preprocess pool)."""
         raise NotImplementedError
 
     def completion_inputs(self, request: CompletionRequest) -> EngineRequest:

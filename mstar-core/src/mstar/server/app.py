@@ -31,7 +31,7 @@ from mstar.server.routes_chat import chat_completions
 from mstar.server.routes_completions import completions
 from mstar.server.routes_generate import generate, upload_request
 from mstar.server.routes_speech import speech
-from mstar.server.routes_voices import voices
+from mstar.server.routes_voices import install_voice_routes, voices
 from mstar.server.routes_ws_speech import speech_stream
 from mstar.server.runtime import ServerRuntime
 from mstar.server.strict_json import StrictJSONRoute
@@ -100,6 +100,8 @@ def _routes(app: FastAPI, rt: ServerRuntime) -> None:
     @app.get("/v1/audio/voices", responses={404: {"description": "Unknown model"}})
     async def audio_voices(model: str | None = None) -> dict[str, Any]:
         return voices(rt, model)
+
+    install_voice_routes(app, lambda name, scope: (rt.check_model(name), rt)[1], lambda: [rt])
 
     @app.get("/", include_in_schema=False)
     async def playground() -> Response:

@@ -15,6 +15,7 @@ from mstar.api.adapter import EngineRequest
 from mstar.api.errors import ApiError
 from mstar.api.sampling import RequestSampling, resolve_sampling
 from mstar.server.router import Finished, RequestStream
+from mstar.server.voice_library import saved_voice
 
 if TYPE_CHECKING:
     from mstar.server.runtime import ServerRuntime
@@ -62,7 +63,8 @@ class Execution:
             configs, self.seeds = resolve_sampling(self.rt.node_samplers, self.rt.adapter.sampling_node, sampling)
             await self.rt.admission.acquire()
             self._admitted = True
-            self.engine_request = await self.rt.preprocess.run(self.endpoint, request, self.request_id)
+            voice = saved_voice(self.rt, self.endpoint, request)
+            self.engine_request = await self.rt.preprocess.run(self.endpoint, request, self.request_id, voice)
             inputs = self.engine_request.inputs
             check_prompt_ids(inputs, self.rt.node_samplers)
             if self._closed:  # the client left while we were preparing

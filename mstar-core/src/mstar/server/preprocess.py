@@ -15,8 +15,9 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from mstar.api.adapter import CHAT, COMPLETIONS, GENERATE, SPEECH, ApiAdapter, EngineRequest
+from mstar.api.adapter import CHAT, COMPLETIONS, GENERATE, SPEECH, VOICE, ApiAdapter, EngineRequest
 from mstar.api.errors import ApiError
+from mstar.api.voices import SavedVoice
 
 log = logging.getLogger("mstar.server")
 
@@ -44,9 +45,18 @@ def _ping() -> bool:
     return _worker_adapter is not None
 
 
-def _run_in_worker(endpoint: str, request: Any) -> EngineRequest:
+def _adapter_call(adapter: ApiAdapter, endpoint: str, request: Any, voice: SavedVoice | None) -> EngineRequest:
+    if endpoint == VOICE:  # a VoiceUpload: decoded here, off the API's event loop
+        sample = request.decode()
+        return EngineRequest(adapter.voice_tensors(sample), {"sample_rate": sample.sample_rate, "duration_s": sample.duration_s})
+    if voice is not None:  # a speech request naming a saved voice
+        return adapter.speech_inputs_with_voice(request, voice)
+    return getattr(adapter, _METHODS[endpoint])(request)
+
+
+def _run_in_worker(endpoint: str, request: Any, voice: SavedVoice | None = None) -> EngineRequest:
     assert _worker_adapter is not None, "preprocess worker not initialised"
-    out: EngineRequest = getattr(_worker_adapter, _METHODS[endpoint])(request)
+    out = _adapter_call(_worker_adapter, endpoint, request, voice)
     # Plain arrays back: pickled torch tensors travel as shared file descriptors, which
     # costs more than the bytes of a typical prompt.
     out.inputs = {k: _plain(v) for k, v in out.inputs.items()}
@@ -90,14 +100,15 @@ class PreprocessPool:
         decided = self.hook.mstar_offload_preprocess(model_name=self.model, request=request)
         return self._pool is not None and decided is not False
 
-    async def run(self, endpoint: str, request: Any, request_id: str = "") -> EngineRequest:
-        """The request's engine inputs. The adapter rejecting the request's values
+    async def run(self, endpoint: str, request: Any, request_id: str = "", voice: SavedVoice | None = None) -> EngineRequest:
+        """The request's engine inputs (``voice``: the saved voice a speech request names).
+        The adapter rejecting the request's values
         (``ValueError``, ``TypeError``, ``KeyError``) is the client's error, a 400; any other
         failure, and a crashed worker, is the server's: a 500, logged with ``request_id``."""
         try:
             if self.offloads(request):
-                return await self._in_pool(endpoint, request, request_id)
-            return getattr(self.adapter, _METHODS[endpoint])(request)
+                return await self._in_pool(endpoint, request, request_id, voice)
+            return _adapter_call(self.adapter, endpoint, request, voice)
         except ApiError:
             raise
         except NotImplementedError:
@@ -108,11 +119,11 @@ class PreprocessPool:
             log.exception("request %s: preprocessing failed (a server fault)", request_id)
             raise ApiError(500, f"preprocessing failed with an internal error; the server log has the details under request id {request_id}", code="preprocess_error") from None
 
-    async def _in_pool(self, endpoint: str, request: Any, request_id: str) -> EngineRequest:
+    async def _in_pool(self, endpoint: str, request: Any, request_id: str, voice: SavedVoice | None) -> EngineRequest:
         assert self._pool is not None
         pool = self._pool
         try:
-            out = await asyncio.get_running_loop().run_in_executor(pool, _run_in_worker, endpoint, request)
+            out = await asyncio.get_running_loop().run_in_executor(pool, _run_in_worker, endpoint, request, voice)
         except BrokenProcessPool:
             log.error("request %s: a preprocess worker died; starting a new pool", request_id)
             if self._pool is pool:

@@ -32,6 +32,7 @@ from mstar.server.router import Finished, Router
 from mstar.server.startup_progress import StartupProgress
 from mstar.server.supervisor import Supervisor
 from mstar.server.tensor_codec import TensorCodec, cleanup_segments
+from mstar.server.voice_library import VoiceLibrary, default_voices_dir
 
 log = logging.getLogger("mstar.server")
 
@@ -70,6 +71,7 @@ class ServerRuntime:
         self.metrics = ServerMetrics()
         self.admission = Admission(config.max_concurrency, config.max_queue, self._admission_changed)
         self.preprocess = PreprocessPool(self.spec.name, checkpoint_dir, self.adapter, self.loaded.hook, config.preprocess_workers)
+        self.voices = VoiceLibrary(Path(config.voices_dir) if config.voices_dir else default_voices_dir(), self.spec.name, self.model_config)
         # A per-server prefix: shared-memory segments and sockets of this server only.
         self.token = secrets.token_hex(4)
         self.shm_prefix = f"mstar_{self.token}_"

@@ -1,0 +1,75 @@
+"""Saved voices on the adapter's side: the reference clip a voice is made from, and a stored
+voice as a speech request uses it (``ApiAdapter.voice_tensors`` / ``speech_inputs_with_voice``).
+
+``VoiceUpload`` crosses into the preprocess pool as the uploaded bytes; it is decoded there
+(never in the API process's event loop) into a ``VoiceSample``, mono float32 at the file's
+own sample rate: resampling to what the model needs is the adapter's job.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from mstar.api.errors import ApiError
+
+
+@dataclass(frozen=True)
+class VoiceSample:
+    """A decoded reference clip: ``audio`` is mono float32 in [-1, 1], ``[samples]``."""
+
+    audio: np.ndarray
+    sample_rate: int
+    transcript: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # the upload's other fields (model-specific)
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.audio) / self.sample_rate
+
+
+@dataclass(frozen=True)
+class VoiceUpload:
+    """The bytes of an uploaded reference clip (any container libsndfile reads: WAV, FLAC,
+    OGG, MP3), with the limit its decoded duration must respect."""
+
+    data: bytes
+    transcript: str | None = None
+    max_seconds: float = 30.0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def decode(self) -> VoiceSample:
+        """Errors are 400s naming the ``audio`` field: unreadable bytes, an empty clip or
+        one longer than ``max_seconds`` (checked from the header, before decoding)."""
+        import soundfile as sf
+
+        try:
+            info = sf.info(io.BytesIO(self.data))
+            if info.frames > 0 and info.frames / info.samplerate > self.max_seconds:
+                raise ApiError(
+                    400, f"audio: the clip lasts {info.frames / info.samplerate:.1f}s; at most {self.max_seconds:g}s is accepted",
+                    param="audio", code="audio_too_long",
+                )
+            samples, rate = sf.read(io.BytesIO(self.data), dtype="float32", always_2d=True)
+        except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+            raise ApiError(400, f"audio: not a readable audio file (WAV, FLAC, OGG or MP3): {exc}", param="audio", code="invalid_audio") from None
+        if samples.shape[0] == 0:
+            raise ApiError(400, "audio: the clip holds no samples", param="audio", code="invalid_audio")
+        duration = samples.shape[0] / rate
+        if duration > self.max_seconds:  # a header may not state its length (e.g. MP3)
+            raise ApiError(400, f"audio: the clip lasts {duration:.1f}s; at most {self.max_seconds:g}s is accepted", param="audio", code="audio_too_long")
+        return VoiceSample(np.ascontiguousarray(samples.mean(axis=1), dtype=np.float32), int(rate), self.transcript, dict(self.options))
+
+
+@dataclass(frozen=True)
+class SavedVoice:
+    """A voice from the library: the tensors ``ApiAdapter.voice_tensors`` chose to store
+    when it was made, and the reference clip's transcript (if one was given)."""
+
+    name: str
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    transcript: str | None = None
