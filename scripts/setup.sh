@@ -12,7 +12,8 @@ stamp=.venv/.mstar-setup-stamp
 # Re-install only when a pyproject or the constraints changed since the last set-up.
 if [ ! -f "$stamp" ] || [ -n "$(find . -path ./.venv -prune -o \( -name pyproject.toml -o -name constraints.txt \) -newer "$stamp" -print | head -n1)" ]; then
   "${pip[@]}" "torch==2.13.0"
-  dists=(-e "./mstar-core")
+  # The [ray] extra: the Ray placement tests (tests/e2e/test_ray_placement.py) run too.
+  dists=(-e "./mstar-core[ray]")
   for d in mstar-models-*/ examples/mstar-models-*/; do
     [ -f "$d/pyproject.toml" ] && dists+=(-e "./$d")
   done

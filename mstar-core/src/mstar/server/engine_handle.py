@@ -41,6 +41,10 @@ class EngineHandle:
         """Alive and past its ``Ready``: requests may be sent to it."""
         return self.ready and self.alive
 
+    def describe(self) -> dict[str, Any]:
+        """Where it runs, for /health (a Ray engine adds its node and address)."""
+        return {}
+
     def reap(self) -> None:
         """Collect the exit status of a process that ended (no zombie left behind)."""
         if self.process is not None:

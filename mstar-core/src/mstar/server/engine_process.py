@@ -79,8 +79,6 @@ class EngineWorker:
         self.reporter: StatsReporter | None = None
 
     def run(self) -> int:
-        import zmq
-
         sender_thread = threading.Thread(target=self._send_loop, name="mstar-sender", daemon=True)
         sender_thread.start()
         try:
@@ -90,8 +88,7 @@ class EngineWorker:
             self.sender.put(Fatal(self.spec.name, f"{type(exc).__name__}: {exc}"))
             self._finish(sender_thread)
             return 1
-        commands = self.ctx.socket(zmq.PULL)
-        commands.bind(self.spec.command_addr)
+        commands = self._command_socket()
         # Before any request: every step's outputs leave as one message.
         self.engine.add_step_listener(self.sender.step_ended)
         self.sender.put(Ready(self.spec.name, os.getpid(), list(self.spec.nodes), engine_stats(self.engine)))
@@ -108,6 +105,15 @@ class EngineWorker:
             self._finish(sender_thread)
             log.debug("stopped")
         return code
+
+    def _command_socket(self) -> Any:
+        """The bound PULL socket commands arrive on (``mstar.server.ray_engines`` hands over
+        one it bound on its node's TCP address before the build)."""
+        import zmq
+
+        sock = self.ctx.socket(zmq.PULL)
+        sock.bind(self.spec.command_addr)
+        return sock
 
     def _build(self) -> Any:
         from pathlib import Path

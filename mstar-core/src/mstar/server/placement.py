@@ -31,6 +31,9 @@ class DeviceGroup:
     name: str
     device: str
     nodes: tuple[str, ...]
+    # Ray backend: the resource request of each engine of the group, and a node's IP.
+    resources: tuple[tuple[str, float], ...] = ()
+    node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,13 @@ def placement_from_mapping(node_to_group: dict[str, str], device: str) -> Placem
 
 
 def parse_placement(data: Any, source: str = "placement") -> Placement:
+    """Groups with their optional Ray keys (``resources``, ``node``; ``mstar.server.placement_location``)."""
+    from mstar.server.placement_location import with_locations
+
+    return with_locations(data, source, _parse_groups)
+
+
+def _parse_groups(data: Any, source: str) -> Placement:
     if not isinstance(data, dict) or not isinstance(data.get("groups"), dict) or not data["groups"]:
         raise PlacementError(f"{source}: expected a mapping with a non-empty 'groups' mapping")
     groups = []

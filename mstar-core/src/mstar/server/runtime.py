@@ -21,6 +21,7 @@ import zmq.asyncio
 from mstar.api.errors import ApiError
 from mstar.server.admission import Admission
 from mstar.server.config import ServerConfig
+from mstar.server.engine_backend import make_backend
 from mstar.server.engine_handle import EngineHandle
 from mstar.server.engine_process import EngineProcessSpec
 from mstar.server.ipc_auth import authenticated, new_secret
@@ -76,7 +77,10 @@ class ServerRuntime:
         self.token = secrets.token_hex(4)
         self.shm_prefix = f"mstar_{self.token}_"
         self.ipc_secret = new_secret()
-        self.codec = TensorCodec(self.shm_prefix, config.shm_threshold)
+        # Where engines run (local processes or Ray actors) and so how they are reached.
+        self.backend = make_backend(config.placement_backend, self.placement, config.ray_address)
+        self.shm_threshold = self.backend.shm_threshold(config.shm_threshold)
+        self.codec = TensorCodec(self.shm_prefix, self.shm_threshold)
         self.ipc_dir = Path(tempfile.mkdtemp(prefix="mstar-"))
         self.zctx = zmq.Context()
         self.actx = zmq.asyncio.Context()
@@ -130,6 +134,7 @@ class ServerRuntime:
                     "pid": e.process.pid if e.process is not None else None,
                     "nodes": list(e.nodes),
                     "device": e.spec.device,
+                    **e.describe(),
                     **({"error": e.down_reason} if e.down_reason else {}),
                     **self.supervisor.describe(name),
                 }
@@ -142,9 +147,9 @@ class ServerRuntime:
         """Start the engines and the preprocess pool; then ``warm_up(self)`` (the server passes
         ``mstar.server.warmup.warm_up``) before the port opens."""
         loop = asyncio.get_running_loop()
-        report_addr = f"ipc://{self.ipc_dir}/reports"
         self._reports = self.actx.socket(zmq.PULL)
-        self._reports.bind(report_addr)
+        self._reports.bind(self.backend.report_address(self.ipc_dir))
+        report_addr = self._reports.getsockopt_string(zmq.LAST_ENDPOINT)  # a wildcard port resolved
         self._ready = loop.create_future()
         self._report_addr = report_addr
         for group in self.placement.groups:
@@ -179,17 +184,17 @@ class ServerRuntime:
             checkpoint_dir=str(self.checkpoint_dir),
             nodes=list(group.nodes),
             device=group.device,
-            command_addr=f"ipc://{self.ipc_dir}/engine-{index}-{generation}",
+            command_addr=self.backend.command_address(self.ipc_dir, index, generation),
             report_addr=self._report_addr,
             shm_prefix=self.shm_prefix,
-            shm_threshold=self.config.shm_threshold,
+            shm_threshold=self.shm_threshold,
             parent_pid=os.getpid(),
             log_level=self.config.log_level,
             engine_options=dict(self.config.engine_options),
             torch_threads=self.config.engine_threads,
             secret=self.ipc_secret,
         )
-        return EngineHandle(spec, self.zctx)
+        return self.backend.handle(spec, self.placement, self.zctx)
 
     async def _wait_ready(self) -> None:
         """Wait for every engine's ``Ready``; give up on a signal or the start-up timeout."""
@@ -326,6 +331,7 @@ class ServerRuntime:
         log.info("stopped engines in %.2fs, preprocess pool in %.2fs", t1 - t0, time.perf_counter() - t1)
         if self._reports is not None:
             self._reports.close(linger=0)
+        self.backend.close()
         self.zctx.destroy(linger=0)
         self.actx.destroy(linger=0)
         removed = cleanup_segments(self.shm_prefix)
