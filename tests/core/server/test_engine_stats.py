@@ -12,7 +12,7 @@ from mstar.server.messages import EngineStats, NodeKV, Stats
 class FakeEngine:
     def __init__(self) -> None:
         self.snapshot = {
-            "waiting": 1, "running": 2, "steps": 30, "preemptions": 4, "last_batch_size": 2,
+            "waiting": 1, "running": 2, "steps": 30, "preemptions": 4, "last_batch_size": 2, "requests": 7,
             "kv": {"lm": {"used_blocks": 5, "total_blocks": 64}},
         }
         self.calls = 0
@@ -24,7 +24,7 @@ class FakeEngine:
 
 def test_snapshot_to_wire():
     engine = FakeEngine()
-    assert engine_stats(engine) == EngineStats(1, 2, 2, [NodeKV("lm", 5, 64)], 30, 4)
+    assert engine_stats(engine) == EngineStats(1, 2, 2, [NodeKV("lm", 5, 64)], 30, 4, 7)
     engine.snapshot["running"] = 0  # an idle engine has no batch, whatever ran last
     assert engine_stats(engine).batch_size == 0
 

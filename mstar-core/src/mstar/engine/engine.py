@@ -95,6 +95,7 @@ class Engine:
         self._closed = False
         self.fatal_error: str | None = None
         self._step_listeners: list[Any] = []
+        self._requests_added = 0  # for stats(): what this engine was given
         self._inbox: list[Any] = []  # commands waiting for the loop (see _submit)
         self._inbox_lock = threading.Lock()
 
@@ -145,6 +146,7 @@ class Engine:
         _sink: Any = None,
     ) -> RequestHandle:
         req, handle = self._new_request(inputs, sampling, kwargs, request_id, priority, _sink)
+        self._requests_added += 1
         self._submit(lambda: self.core.add_request(req))
         self._ensure_thread()
         return handle
@@ -189,6 +191,7 @@ class Engine:
                 "running": len(core.running),
                 "steps": core.stats.steps,
                 "preemptions": core.stats.preemptions,
+                "requests": self._requests_added,
                 "last_batch_size": core.stats.last_batch_size,
                 "kv": {
                     name: {"used_blocks": n.kv.num_used_blocks, "total_blocks": n.kv.num_blocks}

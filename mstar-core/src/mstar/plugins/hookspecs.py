@@ -78,6 +78,23 @@ def mstar_mixed_batch_configs(model_name: str, config: dict) -> Any:
 
 
 @hookspec(firstresult=True)
+def mstar_route_replica(
+    model_name: str, group: str, request_kwargs: dict, output_signals: list[str] | None, replicas: list[Any]
+) -> int | None:
+    """Which replica of placement group ``group`` (one with ``replicas`` > 1) runs this
+    request: an index into ``replicas`` (``mstar.server.replicas.ReplicaStats``: index,
+    engine, device, serving, outstanding, waiting, running). ``output_signals`` are the
+    outputs the client asked for (``None``: all), e.g. whether it wants audio.
+
+    Called in the API process, per request and replicated group it needs, once, when the
+    request is submitted; the request keeps that replica for its whole life. ``None``/no
+    implementation: the serving replica with the fewest outstanding requests (lowest index
+    on a tie). A picked replica that is down answers the request with a 503. A general
+    plugin may override with ``tryfirst``.
+    """
+
+
+@hookspec(firstresult=True)
 def mstar_piecewise_graph_configs(model_name: str, node: str, submodule: Any) -> Any:
     """``{label: PiecewiseGraphConfig}``: labelled inner regions of ``node``'s forward, run
     through the piecewise runner. With ``uses_sampler`` the runner passes the batch's

@@ -20,7 +20,7 @@ def engine_stats(engine: Any) -> EngineStats:
     kv = [NodeKV(node, v["used_blocks"], v["total_blocks"]) for node, v in s["kv"].items()]
     # The last batch's size means nothing once nothing runs.
     batch = s["last_batch_size"] if s["running"] else 0
-    return EngineStats(s["waiting"], s["running"], batch, kv, s["steps"], s["preemptions"])
+    return EngineStats(s["waiting"], s["running"], batch, kv, s["steps"], s["preemptions"], s["requests"])
 
 
 class StatsReporter:

@@ -86,6 +86,7 @@ class EngineStats(msgspec.Struct, array_like=True):
     kv: list[NodeKV]
     steps: int = 0  # since the engine started
     preemptions: int = 0
+    requests: int = 0  # requests added since the engine started
 
 
 class Events(msgspec.Struct, tag="events"):

@@ -1,9 +1,10 @@
 """Routing requests to engine processes and their outputs back to the HTTP handlers.
 
-Every engine holding a partition of the model gets each request (an engine runs only the
-partitions whose nodes it holds). Stream items an engine emits for a partition in another
-engine are forwarded there; a request ends when every engine finished it, or at once when
-one fails.
+Every group holding a partition the request runs gets it (an engine runs only the
+partitions whose nodes it holds); in a replicated group, one replica, picked at submission
+(``mstar.server.replicas``). Stream items an engine emits for a partition in another group
+are forwarded to the request's replica there; a request ends when every engine finished it,
+or at once when one fails.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from mstar.api.errors import ApiError
 from mstar.server.engine_handle import EngineHandle
 from mstar.server.messages import AbortRequest, AddRequest, CloseStream, Event, PushStream
+from mstar.server.replicas import Policy, ReplicaStats, choose_replica
 from mstar.server.tensor_codec import TensorCodec
 
 log = logging.getLogger("mstar.server")
@@ -94,12 +96,14 @@ class RequestStream:
     """One request's outputs: ``(signal, tensor)`` items, then one ``Finished``.
     ``buffered`` counts the tensor bytes queued and not yet taken by the response."""
 
-    __slots__ = ("request_id", "queue", "pending", "reason", "done", "buffered", "on_finish")
+    __slots__ = ("request_id", "queue", "pending", "routes", "reason", "done", "buffered", "on_finish")
 
-    def __init__(self, request_id: str, engines: set[str]) -> None:
+    def __init__(self, request_id: str, engines: set[str], routes: dict[str, str] | None = None) -> None:
         self.request_id = request_id
         self.queue: asyncio.Queue[tuple[str, torch.Tensor] | Finished] = asyncio.Queue()
         self.pending = set(engines)
+        # group -> the engine (replica) running the request there
+        self.routes = routes if routes is not None else {e: e for e in engines}
         self.reason = "stop"
         self.done = False
         self.buffered = 0
@@ -137,12 +141,17 @@ class Router:
         codec: TensorCodec,
         max_buffer_bytes: int | None = None,
         engines_for: Callable[[dict[str, Any]], set[str]] | None = None,
+        replicas: dict[str, tuple[str, ...]] | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.engines = engines
-        self.stream_routes = stream_routes
+        self.stream_routes = stream_routes  # signal -> the group consuming it
         self.codec = codec
-        # Which engines a request's walks run on (by its kwargs); None: all of them.
+        # Which groups a request's walks run on (by its kwargs); None: all of them.
         self.engines_for = engines_for
+        # group -> its engines, one per replica; None: each engine is a group of its own.
+        self.replicas = replicas
+        self.policy = policy  # picks a replica (None: the default policy)
         self.streams: dict[str, RequestStream] = {}
         # Output bytes a request may have waiting for a client that does not read; beyond
         # it the request is aborted (its cache freed) instead of growing memory without end.
@@ -156,19 +165,44 @@ class Router:
         kwargs: dict[str, Any],
         signals: list[str] | None,
     ) -> RequestStream:
-        names = self.engines_for(kwargs) if self.engines_for is not None else set(self.engines)
-        targets = [self.engines[n] for n in sorted(names)]
+        groups = self.engines_for(kwargs) if self.engines_for is not None else set(self.replicas or self.engines)
+        check_wire_values(sampling, kwargs)
+        routes = {g: self._pick(g, kwargs, signals) for g in sorted(groups)}
+        targets = [self.engines[routes[g]] for g in sorted(groups)]
         down = [e for e in targets if not e.serving]
         if down:
             raise ApiError(503, f"engine {down[0].name!r} {down[0].unavailable_reason()}; retry later", code="engine_unavailable")
-        check_wire_values(sampling, kwargs)
-        stream = RequestStream(request_id, set(names))
+        stream = RequestStream(request_id, set(routes.values()), routes)
         self.streams[request_id] = stream
         for engine in targets:
             # Encoded per engine: a shared-memory segment is consumed by its one receiver.
             msg = AddRequest(request_id, {k: self.codec.encode(v) for k, v in inputs.items()}, sampling, kwargs, signals)
             engine.send(msg)
         return stream
+
+    def _engines_of(self, group: str) -> tuple[str, ...]:
+        return self.replicas.get(group, (group,)) if self.replicas is not None else (group,)
+
+    def _pick(self, group: str, kwargs: dict[str, Any], signals: list[str] | None) -> str:
+        names = self._engines_of(group)
+        if len(names) == 1:
+            return names[0]
+        return names[choose_replica(self.policy, group, kwargs, signals, self.replica_stats(group))]
+
+    def replica_stats(self, group: str) -> list[ReplicaStats]:
+        out = []
+        for i, name in enumerate(self._engines_of(group)):
+            engine = self.engines[name]
+            stats = engine.stats  # the latest report (None before the first)
+            out.append(ReplicaStats(
+                i, name, engine.spec.device, engine.serving, self.outstanding(name),
+                stats.waiting if stats is not None else 0, stats.running if stats is not None else 0,
+            ))
+        return out
+
+    def outstanding(self, engine: str) -> int:
+        """Requests sent to ``engine`` that it has not finished."""
+        return sum(1 for s in self.streams.values() if engine in s.pending)
 
     def abort(self, request_id: str) -> None:
         stream = self.streams.pop(request_id, None)
@@ -203,7 +237,12 @@ class Router:
                     self._slow_reader(stream)
 
     def _forward(self, stream: RequestStream, ev: Event) -> None:
-        target = self.stream_routes.get(ev.signal or "")
+        group = self.stream_routes.get(ev.signal or "")
+        # The request's replica of the consuming group; a group it does not run in gets
+        # the item only when it has one engine (which ignores it).
+        target = None
+        if group is not None:
+            target = stream.routes.get(group) or (self._engines_of(group)[0] if len(self._engines_of(group)) == 1 else None)
         if target is None:
             log.error("request %s: no engine consumes stream %r", stream.request_id, ev.signal)
             return
