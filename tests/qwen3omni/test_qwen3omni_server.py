@@ -1,11 +1,13 @@
 """``mstar serve --model qwen3omni --random-weights`` over HTTP with the official openai
-client: text, image + text and audio + text chats (whole and streamed), a seeded sampled
+client: text, image + text, audio + text and video (with and without its audio track) chats
+(whole and streamed), a seeded sampled
 multimodal request alone and inside a batch of 8 mixed requests, and bad media parts as
 400s naming the part while the server keeps serving."""
 
 from __future__ import annotations
 
 import base64
+import io
 import os
 import signal
 import socket
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 from pathlib import Path
 
 import httpx
@@ -30,6 +33,40 @@ def _data_url(name: str, mime: str) -> str:
 
 IMAGE = {"type": "image_url", "image_url": {"url": _data_url("a.png", "image/png")}}
 AUDIO = {"type": "input_audio", "input_audio": {"data": base64.b64encode((FIXTURES / "tone.wav").read_bytes()).decode(), "format": "wav"}}
+
+
+def _mp4(frames: int, audio_seconds: float | None, size: int = 32, fps: int = 2, rate: int = 16000) -> bytes:
+    """A tiny mp4 written with PyAV: noise frames, and a tone on an AAC track when asked."""
+    import av
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        video = out.add_stream("mpeg4", rate=fps)
+        video.width = video.height = size
+        video.pix_fmt, video.time_base = "yuv420p", Fraction(1, fps)
+        audio = out.add_stream("aac", rate=rate, layout="mono") if audio_seconds else None
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8), format="rgb24")
+            frame.pts = i
+            out.mux(video.encode(frame))
+        out.mux(video.encode())
+        if audio is not None:
+            wave = (0.3 * np.sin(2 * np.pi * 440 * np.arange(int(audio_seconds * rate)) / rate)).astype(np.float32)
+            for start in range(0, wave.size, 1024):
+                frame = av.AudioFrame.from_ndarray(wave[None, start : start + 1024], format="flt", layout="mono")
+                frame.sample_rate, frame.pts = rate, start
+                out.mux(audio.encode(frame))
+            out.mux(audio.encode())
+    return buf.getvalue()
+
+
+def _video(audio_seconds: float | None) -> dict:
+    # Two frames: transformers' processor scales each frame up to >= 128*32*32 pixels, so one
+    # temporal patch is ~2,000 tokens, which is what the tiny checkpoint's context holds.
+    data = base64.b64encode(_mp4(2, audio_seconds)).decode()
+    return {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{data}"}}
 
 
 def _user(*parts: dict) -> list[dict]:
@@ -90,6 +127,19 @@ def test_media_chat_whole_and_streamed_agree(client, parts):
     assert text == whole.choices[0].message.content
 
 
+def test_video_chat_with_and_without_its_audio(client):
+    ask = {"type": "text", "text": "What happens?"}
+    silent = _chat(client, _user(_video(None), ask))
+    assert silent.choices[0].finish_reason == "length" and silent.usage.prompt_tokens > 2000
+    messages = _user(_video(1.0), ask)
+    with_audio = _chat(client, messages, extra_body={"use_audio_in_video": True})
+    # the audio track's placeholders are interleaved with the video's
+    assert with_audio.usage.prompt_tokens > silent.usage.prompt_tokens
+    stream = _chat(client, messages, stream=True, extra_body={"use_audio_in_video": True})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == with_audio.choices[0].message.content
+
+
 def test_text_chat(client):
     out = _chat(client, [{"role": "user", "content": "Hello!"}])
     assert out.choices[0].finish_reason == "length" and out.choices[0].message.content
@@ -148,7 +198,7 @@ def test_native_generate_with_processor_tensors_equals_the_chat(server, client):
     processed = Preprocessor.from_checkpoint(ckpt)(messages)
     inputs = {"prompt_ids": torch.tensor(processed.input_ids), **processed.tensors}
     body = {"model": "qwen3omni", "inputs": {k: tensor_to_json(v) for k, v in inputs.items()},
-            "sampling": {"temperature": 0, "max_tokens": 8}, "kwargs": {"media": ["image"]}}
+            "sampling": {"thinker": {"temperature": 0, "max_tokens": 8}}, "kwargs": {"media": ["image"]}}
     reply = httpx.post(f"{server}/v1/generate", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     out = reply.json()["outputs"]["tokens"]
