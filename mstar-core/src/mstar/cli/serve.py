@@ -9,7 +9,8 @@ import click
 
 @click.command("serve")
 @click.argument("model_arg", metavar="[MODEL]", required=False)
-@click.option("--model", default=None, help="Model name, alias, checkpoint directory or Hugging Face repo id (or give it as the argument).")
+@click.option("--model", "models", multiple=True, help="Model name, alias, checkpoint directory or Hugging Face repo id (or give it as the argument). Repeat it to serve several models: then each is NAME (with --random-weights), NAME:WEIGHTS (NAME:random for random weights), a checkpoint directory or a repo id.")
+@click.option("--models-config", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML listing the models to serve, each with its weights, served names, placement and limits (see docs/serving.md).")
 @click.option("--weights", default=None, help="Checkpoint directory or Hugging Face repo id.")
 @click.option("--revision", default=None, help="Branch, tag or commit of a Hugging Face repo id.")
 @click.option("--served-model-name", "served_model_names", multiple=True, help="Name(s) of the model in the API (repeatable; the first is reported). Default: the plugin's name and aliases.")
@@ -34,31 +35,36 @@ import click
 @click.option("--voices-dir", default=None, envvar="MSTAR_VOICES_DIR", type=click.Path(file_okay=False), help="Where saved voices (POST /v1/audio/voices) are kept (env MSTAR_VOICES_DIR). Default: mstar/voices in the user cache directory.")
 @click.option("--voice-max-bytes", default=10 << 20, show_default=True, type=click.IntRange(min=1), help="A saved voice's reference clip: larger files get 413.")
 @click.option("--voice-max-seconds", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="A saved voice's reference clip: longer clips get 400.")
-@click.option("--placement-backend", default="local", show_default=True, type=click.Choice(["local", "ray"]), help="Run engines as processes of this machine, or as Ray actors on the nodes of a Ray cluster (needs mstar-core[ray]; see docs/ray.md).")
-@click.option("--ray-address", default=None, help="With --placement-backend ray: the cluster to join, e.g. auto (the one `ray start` began here) or HOST:PORT; default: Ray's (RAY_ADDRESS, else a new local instance).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(model_arg: str | None, model: str | None, weights: str | None, revision: str | None, served_model_names: tuple[str, ...], random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
+def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | None, weights: str | None, revision: str | None, served_model_names: tuple[str, ...], random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
           max_concurrency: int, max_queue: int, request_timeout: float, max_body_bytes: int, preprocess_workers: int | None,
           engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str,
           restart_engines: bool, max_engine_restarts: int, shutdown_timeout: float, max_stream_buffer_bytes: int, log_level: str,
-          placement_backend: str = "local", ray_address: str | None = None,
           voices_dir: str | None = None, voice_max_bytes: int = 10 << 20, voice_max_seconds: float = 30.0) -> None:
     """Serve MODEL over HTTP with an OpenAI-compatible API.
 
     MODEL is an installed model's name or alias (then give --weights or --random-weights),
     a checkpoint directory, or a Hugging Face repo id (org/name, through the Hub cache);
     for the last two the plugin is picked by config.json's architectures.
+
+    Several models behind one port: repeat --model, or list them in --models-config;
+    requests go to the model their "model" field names.
     """
     from mstar.server.config import ServerConfig
     from mstar.server.launcher import ServeConfigError, run_server
 
-    if model_arg and model and model_arg != model:
-        raise click.UsageError(f"two models given: {model_arg!r} and --model {model!r}; give one")
-    model = model_arg or model
-    if not model:
+    given = list(dict.fromkeys([*([model_arg] if model_arg else []), *models]))
+    if models_config and given:
+        raise click.UsageError("give the models either as MODEL/--model or in --models-config, not both")
+    if not given and not models_config:
         raise click.UsageError("give the model: mstar serve MODEL (a name, checkpoint directory or Hugging Face repo id)")
+    several = bool(models_config) or len(given) > 1
+    if several:
+        for flag, value in (("--weights", weights), ("--served-model-name", served_model_names), ("--config", placement)):
+            if value:
+                raise click.UsageError(f"{flag} is per model: with several models, give NAME:WEIGHTS to --model or use --models-config")
     config = ServerConfig(
-        model=model, weights=weights, revision=revision, served_model_names=list(served_model_names), random_weights=random_weights, placement=placement, host=host, port=port,
+        model=given[0] if given else "", weights=weights, revision=revision, served_model_names=list(served_model_names), random_weights=random_weights, placement=placement, host=host, port=port,
         api_key=api_key, max_concurrency=max_concurrency, max_queue=max_queue, request_timeout_s=request_timeout,
         max_body_bytes=max_body_bytes, log_level=log_level, device=device, engine_options=_parse_options(engine_options), engine_threads=engine_threads,
         restart_engines=restart_engines, max_engine_restarts=max_engine_restarts, shutdown_timeout_s=shutdown_timeout,
@@ -69,12 +75,23 @@ def serve(model_arg: str | None, model: str | None, weights: str | None, revisio
         config.preprocess_workers = preprocess_workers
     if shm_threshold is not None:
         config.shm_threshold = shm_threshold
-    config.placement_backend, config.ray_address = placement_backend, ray_address
     try:
-        code = run_server(config)
+        code = run_server(config, _several(config, given, models_config) if several else None)
     except ServeConfigError as exc:
         raise click.ClickException(" ".join(str(exc).split())) from exc
     raise SystemExit(code)
+
+
+def _several(config: object, given: list[str], models_config: str | None) -> list:
+    """One ``ServerConfig`` per model of a several-model command line."""
+    from mstar.server.launcher import ServeConfigError
+    from mstar.server.model_configs import from_option, load_models_file, model_configs
+
+    try:
+        entries = load_models_file(models_config) if models_config else [from_option(v) for v in given]
+    except ValueError as exc:
+        raise ServeConfigError(str(exc)) from exc
+    return model_configs(config, entries)
 
 
 def _parse_options(items: tuple[str, ...]) -> dict[str, object]:

@@ -16,16 +16,16 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from mstar import __version__
+from mstar.api.adapter import SPEECH
 from mstar.api.errors import ApiError, error_body, validation_error
 from mstar.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
-    ModelCard,
-    ModelList,
     SpeechRequest,
 )
 from mstar.server.middleware import ApiKeyAuth, BodyLimit, Draining, RequestMetrics
+from mstar.server.model_set import ModelSet, card
 from mstar.server.openapi import install_openapi
 from mstar.server.routes_chat import chat_completions
 from mstar.server.routes_completions import completions
@@ -47,61 +47,67 @@ ENDPOINTS = {
 }
 
 
-def create_app(rt: ServerRuntime, *, manage_runtime: bool = True) -> FastAPI:
+def create_app(models: ServerRuntime | ModelSet, *, manage_runtime: bool = True) -> FastAPI:
+    """The app over one model's runtime or several (``ModelSet``), routed by ``model``."""
+    ms = models if isinstance(models, ModelSet) else ModelSet([models])
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
         if manage_runtime:
-            await rt.start(warm_up)  # engines ready and warm before uvicorn binds the port
+            await ms.start(warm_up)  # engines ready and warm before uvicorn binds the port
         try:
             yield
         finally:
             if manage_runtime:
-                await rt.stop()
+                await ms.stop()
 
     app = FastAPI(title="M* server", version=__version__, lifespan=lifespan)
     app.router.route_class = StrictJSONRoute
-    _routes(app, rt)
-    _error_handlers(app, rt)
-    install_openapi(app, api_key=bool(rt.config.api_key))
+    _routes(app, ms)
+    _error_handlers(app, ms)
+    install_openapi(app, api_key=bool(ms.config.api_key))
     # Outermost last: metrics see every response, auth runs before the body is read.
-    app.add_middleware(BodyLimit, max_bytes=rt.config.max_body_bytes)
-    app.add_middleware(ApiKeyAuth, api_key=rt.config.api_key)
-    app.add_middleware(Draining, is_draining=lambda: rt.draining, retry_after=rt.retry_after_s)
-    app.add_middleware(RequestMetrics, metrics=rt.metrics, endpoints=ENDPOINTS)
+    app.add_middleware(BodyLimit, max_bytes=ms.config.max_body_bytes)
+    app.add_middleware(ApiKeyAuth, api_key=ms.config.api_key)
+    app.add_middleware(Draining, is_draining=lambda: ms.draining, retry_after=ms.retry_after_s)
+    app.add_middleware(RequestMetrics, metrics=ms.metrics, endpoints=ENDPOINTS)
     return app
 
 
-def _routes(app: FastAPI, rt: ServerRuntime) -> None:
+def _routes(app: FastAPI, ms: ModelSet) -> None:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return ModelList(data=[ModelCard(id=rt.model_name, created=rt.created)]).model_dump()
+        return {"object": "list", "data": ms.cards()}
 
     @app.get("/v1/models/{model_id}")
     async def model(model_id: str) -> dict[str, Any]:
-        rt.check_model(model_id)
-        return ModelCard(id=rt.model_name, created=rt.created).model_dump()
+        return card(ms.get(model_id))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        return await chat_completions(rt, body, request.receive)
+        return await chat_completions(ms.get(body.model, request.scope), body, request.receive)
 
     @app.post("/v1/completions")
     async def text_completions(body: CompletionRequest, request: Request) -> Response:
-        return await completions(rt, body, request.receive)
+        return await completions(ms.get(body.model, request.scope), body, request.receive)
 
     @app.post("/v1/audio/speech")
     async def audio_speech(body: SpeechRequest, request: Request) -> Response:
-        return await speech(rt, body, request.receive)
+        return await speech(ms.get(body.model, request.scope), body, request.receive)
 
     @app.websocket("/v1/audio/speech/stream")
-    async def audio_speech_stream(websocket: WebSocket) -> None:
-        await speech_stream(rt, websocket)
+    async def audio_speech_stream(websocket: WebSocket, model: str | None = None) -> None:
+        # ``?model=`` picks the model; else the first that speaks, or the first session
+        # message's ``model``.
+        await speech_stream(ms.first_serving(SPEECH), websocket, ms.get, model)
 
     @app.get("/v1/audio/voices", responses={404: {"description": "Unknown model"}})
     async def audio_voices(model: str | None = None) -> dict[str, Any]:
-        return voices(rt, model)
+        if model is not None:
+            return voices(ms.get(model), model)
+        return {"object": "list", "data": [v for rt in ms.runtimes for v in voices(rt, None)["data"]]}
 
-    install_voice_routes(app, lambda name, scope: (rt.check_model(name), rt)[1], lambda: [rt])
+    install_voice_routes(app, ms.get, lambda: ms.runtimes)
 
     @app.get("/", include_in_schema=False)
     async def playground() -> Response:
@@ -111,37 +117,34 @@ def _routes(app: FastAPI, rt: ServerRuntime) -> None:
 
     @app.post("/v1/generate")
     async def native_generate(body: GenerateRequest, request: Request) -> Response:
-        return await generate(rt, body, request.receive)
+        return await generate(ms.get(body.model, request.scope), body, request.receive)
 
     @app.post("/v1/generate/upload")
     async def native_generate_upload(request: Request) -> Response:
         # multipart/form-data: the JSON body in a "request" field, files as inputs.
-        return await generate(rt, await upload_request(request), request.receive)
+        body = await upload_request(request)
+        return await generate(ms.get(body.model, request.scope), body, request.receive)
 
-    @app.get("/health")
-    async def health() -> Response:
-        if rt.healthy:
-            return JSONResponse(rt.health())
-        return JSONResponse(rt.health(), status_code=503, headers={"retry-after": str(rt.retry_after_s())})
+    @app.get("/health", responses={404: {"description": "Unknown model"}})
+    async def health(model: str | None = None) -> Response:
+        # ``?model=``: that model's health alone (a probe per model).
+        status, body, wait = ms.health(model)
+        return JSONResponse(body, status_code=status, headers=None if status == 200 else {"retry-after": str(wait)})
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(ms.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/version")
     async def version() -> dict[str, Any]:
-        return {
-            "version": __version__,
-            "model": rt.model_name,
-            "plugin": rt.loaded.installed.distribution,
-            "endpoints": sorted(e for e in ("chat", "completions", "speech", "generate") if rt.adapter.serves(e)),
-        }
+        return {"version": __version__, **ms.version()}
 
 
-def _error_handlers(app: FastAPI, rt: ServerRuntime) -> None:
+def _error_handlers(app: FastAPI, ms: ModelSet) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> Response:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=retry_after(rt, exc.status))
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        # A 503 is about the model the request went to (its restart's wait), if any.
+        return JSONResponse(exc.body(), status_code=exc.status, headers=retry_after(ms.of_scope(request.scope) or ms, exc.status))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> Response:
@@ -166,7 +169,7 @@ def _error_handlers(app: FastAPI, rt: ServerRuntime) -> None:
         return JSONResponse(error_body(message, "server_error", None, "internal_error"), status_code=500)
 
 
-def retry_after(rt: ServerRuntime, status: int) -> dict[str, str] | None:
+def retry_after(rt: ServerRuntime | ModelSet, status: int) -> dict[str, str] | None:
     """``Retry-After`` for the statuses a client should retry: 429 (queue full) and 503
     (engine restarting or down, server draining)."""
     if status == 429:

@@ -116,27 +116,47 @@ def _announcing(base: type, summary: Callable[[str], str]) -> type:
     return AnnouncingServer
 
 
-def run_server(config: ServerConfig) -> int:
+def _build_models(configs: list[ServerConfig]) -> Any:
+    """A ``ModelSet`` of one runtime per config (sharing one metrics registry); the first
+    bad checkpoint, placement or option is a ``ServeConfigError`` in one line."""
+    from mstar.server.metrics import MetricFamilies
+    from mstar.server.model_set import ModelSet
+    from mstar.server.runtime import ServerRuntime
+
+    families = MetricFamilies()
+    runtimes: list[ServerRuntime] = []
+    try:
+        for cfg in configs:
+            model = cfg.model
+            runtimes.append(ServerRuntime(cfg, resolve_checkpoint(cfg), families))
+        return ModelSet(runtimes)
+    except (OSError, ValueError) as exc:
+        for rt in runtimes:
+            rt.close()
+        if len(runtimes) == len(configs):  # every model loaded: their names clash
+            raise ServeConfigError(str(exc)) from exc
+        raise ServeConfigError(f"cannot serve {model!r}: {exc}") from exc
+
+
+def run_server(config: ServerConfig, models: list[ServerConfig] | None = None) -> int:
+    """Serve ``config``'s model, or each of ``models`` (one config per model, sharing
+    ``config``'s host, port, API key and limits) behind one port."""
     import uvicorn
 
     from mstar.server.app import create_app
-    from mstar.server.ready_summary import ready_summary
-    from mstar.server.runtime import ServerRuntime
+    from mstar.server.ready_summary import models_ready_summary
 
-    DrainingServer = _announcing(_draining_server_class(), lambda url: ready_summary(runtime, url))  # noqa: N806 (a class, built lazily with uvicorn)
+    DrainingServer = _announcing(_draining_server_class(), lambda url: models_ready_summary(runtime.runtimes, url))  # noqa: N806 (a class, built lazily with uvicorn)
 
     _exit_cleanly_on_signals()
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    try:
-        runtime = ServerRuntime(config, resolve_checkpoint(config))
-    except (OSError, ValueError) as exc:  # a bad checkpoint, placement or option: one line
-        raise ServeConfigError(f"cannot serve {config.model!r}: {exc}") from exc
+    runtime = _build_models(models or [config])  # a ModelSet: starts, drains and stops them all
     app = create_app(runtime)
     server = DrainingServer(
         uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5, access_log=False),
         runtime,
     )
-    runtime.stop_requested = lambda: server.should_exit
+    runtime.set_stop_requested(lambda: server.should_exit)
     try:
         server.run()
     except SystemExit as exc:

@@ -1,6 +1,14 @@
-"""Prometheus metrics of one server (its own registry, so tests can run several)."""
+"""Prometheus metrics of one server (its own registry, so tests can run several).
+
+Every ``mstar_*`` family has ``model`` as its first label: a server may serve several
+models, each with its own engines, queues and latencies. ``MetricFamilies`` owns the
+registry; ``ServerMetrics`` is one model's view of it, with the label filled in. HTTP
+request counts carry the model the route served (``""`` for requests that reached none:
+/health, /metrics, auth failures, unknown models)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -8,25 +16,73 @@ from mstar.server.messages import EngineStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
+# The ASGI scope key where a route records the model it served, for the request counter.
+MODEL_SCOPE_KEY = "mstar.model"
+
+
+class MetricFamilies:
+    """The server's registry and every ``mstar_*`` family, each labelled by ``model`` first."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        m = ["model"]
+        self.requests = Counter("mstar_requests", "HTTP requests by endpoint and status code", [*m, "endpoint", "status"], registry=r)
+        self.queue_depth = Gauge("mstar_queue_depth", "Requests waiting: for admission in the API process plus in the engines' queues", m, registry=r)
+        self.running = Gauge("mstar_running_requests", "Requests admitted and in the engines", m, registry=r)
+        e = [*m, "engine"]
+        self.batch_size = Gauge("mstar_running_batch_size", "Rows in the engine's latest forward", e, registry=r)
+        self.kv_used = Gauge("mstar_kv_blocks_used", "KV-cache blocks in use", [*e, "node"], registry=r)
+        self.kv_total = Gauge("mstar_kv_blocks_total", "KV-cache blocks in the pool", [*e, "node"], registry=r)
+        self.preemptions = Gauge("mstar_engine_preemptions", "Requests preempted (KV cache taken back) since the engine started", e, registry=r)
+        self.engine_up = Gauge("mstar_engine_up", "1 while the engine process is alive", e, registry=r)
+        self.ttft = Histogram("mstar_time_to_first_token_seconds", "Arrival to first text token", m, buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("mstar_inter_token_latency_seconds", "Time between text deltas", m, buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttfa = Histogram("mstar_time_to_first_audio_seconds", "Arrival to first audio chunk", m, buckets=_LATENCY_BUCKETS, registry=r)
+        self.rtf = Histogram("mstar_real_time_factor", "Generation wall time / audio duration", m, buckets=_RTF_BUCKETS, registry=r)
+        self.finished = Counter("mstar_request_finish", "Requests that left the engines, by finish reason (stop, length, abort, error)", [*m, "reason"], registry=r)
+        self.tokens = Counter("mstar_generated_tokens", "Text tokens generated", m, registry=r)
+
+    def count_request(self, model: str, endpoint: str, status: int | str) -> None:
+        self.requests.labels(model, endpoint, str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ForModel:
+    """A family with more labels than ``model``, seen from one model: ``labels(...)`` takes
+    the other labels."""
+
+    def __init__(self, family: Any, model: str) -> None:
+        self._family = family
+        self._model = model
+
+    def labels(self, *values: str) -> Any:
+        return self._family.labels(self._model, *values)
 
 
 class ServerMetrics:
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.requests = Counter("mstar_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r)
-        self.queue_depth = Gauge("mstar_queue_depth", "Requests waiting: for admission in the API process plus in the engines' queues", registry=r)
-        self.running = Gauge("mstar_running_requests", "Requests admitted and in the engines", registry=r)
-        self.batch_size = Gauge("mstar_running_batch_size", "Rows in the engine's latest forward", ["engine"], registry=r)
-        self.kv_used = Gauge("mstar_kv_blocks_used", "KV-cache blocks in use", ["engine", "node"], registry=r)
-        self.kv_total = Gauge("mstar_kv_blocks_total", "KV-cache blocks in the pool", ["engine", "node"], registry=r)
-        self.preemptions = Gauge("mstar_engine_preemptions", "Requests preempted (KV cache taken back) since the engine started", ["engine"], registry=r)
-        self.engine_up = Gauge("mstar_engine_up", "1 while the engine process is alive", ["engine"], registry=r)
-        self.ttft = Histogram("mstar_time_to_first_token_seconds", "Arrival to first text token", buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("mstar_inter_token_latency_seconds", "Time between text deltas", buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttfa = Histogram("mstar_time_to_first_audio_seconds", "Arrival to first audio chunk", buckets=_LATENCY_BUCKETS, registry=r)
-        self.rtf = Histogram("mstar_real_time_factor", "Generation wall time / audio duration", buckets=_RTF_BUCKETS, registry=r)
-        self.finished = Counter("mstar_request_finish", "Requests that left the engines, by finish reason (stop, length, abort, error)", ["reason"], registry=r)
-        self.tokens = Counter("mstar_generated_tokens", "Text tokens generated", registry=r)
+    """One model's metrics (``model``: its API name) in ``families`` (a new registry of its
+    own when not given)."""
+
+    def __init__(self, model: str = "", families: MetricFamilies | None = None) -> None:
+        f = self.families = families if families is not None else MetricFamilies()
+        self.model = model
+        self.registry = f.registry
+        self.requests = _ForModel(f.requests, model)
+        self.queue_depth = f.queue_depth.labels(model)
+        self.running = f.running.labels(model)
+        self.batch_size = _ForModel(f.batch_size, model)
+        self.kv_used = _ForModel(f.kv_used, model)
+        self.kv_total = _ForModel(f.kv_total, model)
+        self.preemptions = _ForModel(f.preemptions, model)
+        self.engine_up = _ForModel(f.engine_up, model)
+        self.ttft = f.ttft.labels(model)
+        self.itl = f.itl.labels(model)
+        self.ttfa = f.ttfa.labels(model)
+        self.rtf = f.rtf.labels(model)
+        self.finished = _ForModel(f.finished, model)
+        self.tokens = f.tokens.labels(model)
         self._engine_waiting: dict[str, int] = {}
         self._api_waiting = 0
 
@@ -47,4 +103,4 @@ class ServerMetrics:
         self.queue_depth.set(self._api_waiting + sum(self._engine_waiting.values()))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.families.render()

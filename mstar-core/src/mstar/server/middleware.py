@@ -10,7 +10,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mstar.api.errors import ApiError
-from mstar.server.metrics import ServerMetrics
+from mstar.server.metrics import MODEL_SCOPE_KEY, MetricFamilies
 
 _json = msgspec.json.Encoder()
 # /docs, /redoc and /openapi.json need the key like the API itself.
@@ -33,9 +33,10 @@ async def send_error(send: Send, err: ApiError, headers: list[tuple[bytes, bytes
 
 
 class RequestMetrics:
-    """Counts every HTTP response by endpoint and status (outermost, so it sees all)."""
+    """Counts every HTTP response by model, endpoint and status (outermost, so it sees all);
+    the model is the one the route recorded in the scope, ``""`` when none."""
 
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics, endpoints: set[str]) -> None:
+    def __init__(self, app: ASGIApp, metrics: MetricFamilies, endpoints: set[str]) -> None:
         self.app = app
         self.metrics = metrics
         self.endpoints = endpoints
@@ -52,14 +53,14 @@ class RequestMetrics:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+                self.metrics.count_request(scope.get(MODEL_SCOPE_KEY, ""), endpoint, message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, counting_send)
         except Exception:
             if not started:  # the outermost error handler answers it with a 500
-                self.metrics.requests.labels(endpoint, "500").inc()
+                self.metrics.count_request(scope.get(MODEL_SCOPE_KEY, ""), endpoint, 500)
             raise
 
 

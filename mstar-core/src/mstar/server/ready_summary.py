@@ -30,3 +30,12 @@ def ready_summary(runtime: Any, url: str) -> str:
         f"mstar serve ready: model {model} [{installed.distribution} {installed.version}] from {runtime.checkpoint_dir} | "
         f"placement {groups} | KV capacity {kv} | {url}"
     )
+
+
+def models_ready_summary(runtimes: list[Any], url: str) -> str:
+    """``ready_summary`` for one model; for several, a line listing them all, then one
+    line per model."""
+    if len(runtimes) == 1:
+        return ready_summary(runtimes[0], url)
+    head = f"mstar serve ready: {len(runtimes)} models {', '.join(rt.model_name for rt in runtimes)} | {url}"
+    return "\n".join([head, *(f"  {ready_summary(rt, url).removeprefix('mstar serve ready: ').rsplit(' | ', 1)[0]}" for rt in runtimes)])

@@ -40,6 +40,7 @@ import contextlib
 import hmac
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,10 +85,20 @@ class _Flush:
     segments: int
 
 
-async def speech_stream(rt: ServerRuntime, ws: WebSocket) -> None:
+async def speech_stream(rt: ServerRuntime, ws: WebSocket, resolve: Callable[[str], ServerRuntime] | None = None, model: str | None = None) -> None:
+    """``rt``: the model spoken unless ``model`` (the URL's ``?model=``) or the first session
+    message names another; ``resolve`` finds a model by name on a server of several."""
     if not _authorized(rt, ws):
         await ws.close(_POLICY)  # before accept: the upgrade is refused with 403
         return
+    if model is not None and resolve is not None:
+        try:
+            rt = resolve(model)
+        except ApiError as exc:
+            await ws.accept(PROTOCOL if PROTOCOL in ws.scope.get("subprotocols", ()) else None)
+            await _send_json(ws, {"type": "error", **exc.body()})
+            await ws.close(_POLICY)
+            return
     if rt.draining or not rt.healthy:
         await ws.close(_TRY_LATER)
         return
@@ -96,7 +107,7 @@ async def speech_stream(rt: ServerRuntime, ws: WebSocket) -> None:
         await _send_json(ws, {"type": "error", **not_served(rt.model_name, "audio speech").body()})
         await ws.close(_POLICY)
         return
-    await _Session(rt, ws).run()
+    await _Session(rt, ws, resolve).run()
 
 
 def _authorized(rt: ServerRuntime, ws: WebSocket) -> bool:
@@ -118,8 +129,9 @@ def _authorized(rt: ServerRuntime, ws: WebSocket) -> bool:
 
 
 class _Session:
-    def __init__(self, rt: ServerRuntime, ws: WebSocket) -> None:
+    def __init__(self, rt: ServerRuntime, ws: WebSocket, resolve: Callable[[str], ServerRuntime] | None = None) -> None:
         self.rt = rt
+        self.resolve = resolve
         self.ws = ws
         self.settings: dict[str, Any] = {"model": rt.model_name}
         self.splitter = SentenceSplitter()
@@ -186,13 +198,27 @@ class _Session:
         settings = {"model": self.rt.model_name, **fields}
         try:
             req = self._request(settings, "x")
-            self.rt.check_model(req.model)
+            rt = self._model(req.model)
             # Sampling values are checked now, not first when a sentence fails.
-            resolve_sampling(self.rt.node_samplers, self.rt.adapter.sampling_node, request_sampling(req, max_tokens=("max_tokens", req.max_tokens)))
+            resolve_sampling(rt.node_samplers, rt.adapter.sampling_node, request_sampling(req, max_tokens=("max_tokens", req.max_tokens)))
         except ApiError as exc:
             return await self._error(exc)
+        self.rt, self.sample_rate = rt, rt.adapter.sample_rate or 16000
         self.settings = settings
         self.splitter.max_chars = max_chars
+
+    def _model(self, name: str) -> ServerRuntime:
+        """The runtime of a session's ``model``: another of the server's models only before
+        the first sentence (one socket speaks one model)."""
+        if self.resolve is None or name in self.rt.served_names():
+            self.rt.check_model(name)
+            return self.rt
+        rt = self.resolve(name)
+        if self.count:
+            raise ApiError(400, f"this stream already speaks {self.rt.model_name!r}; open another socket for {name!r}", param="model")
+        if not rt.adapter.serves(SPEECH) or not rt.adapter.audio_signal:
+            raise not_served(rt.model_name, "audio speech")
+        return rt
 
     def _request(self, settings: dict[str, Any], text: str) -> SpeechRequest:
         try:

@@ -26,7 +26,7 @@ from mstar.server.engine_handle import EngineHandle
 from mstar.server.engine_process import EngineProcessSpec
 from mstar.server.ipc_auth import authenticated, new_secret
 from mstar.server.messages import Events, Fatal, Ready, Stats, report_decoder
-from mstar.server.metrics import ServerMetrics
+from mstar.server.metrics import MetricFamilies, ServerMetrics
 from mstar.server.placement import Placement, load_placement, request_engines, validate_placement
 from mstar.server.preprocess import PreprocessPool, load_adapter
 from mstar.server.router import Finished, Router
@@ -55,7 +55,9 @@ def _check_engine_options(options: dict[str, Any]) -> None:
 
 
 class ServerRuntime:
-    def __init__(self, config: ServerConfig, checkpoint_dir: Path) -> None:
+    def __init__(self, config: ServerConfig, checkpoint_dir: Path, metrics: MetricFamilies | None = None) -> None:
+        """One model's runtime; ``metrics``: the server's families when it serves several
+        models (each runtime then reports under its own ``model`` label)."""
         self.config = config
         self.checkpoint_dir = checkpoint_dir
         self.loaded, self.adapter = load_adapter(config.model, checkpoint_dir)
@@ -69,7 +71,7 @@ class ServerRuntime:
         validate_placement(self.placement, self.graph)
         _check_engine_options(config.engine_options)
         self.created = int(time.time())
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(self.model_name, metrics)
         self.admission = Admission(config.max_concurrency, config.max_queue, self._admission_changed)
         self.preprocess = PreprocessPool(self.spec.name, checkpoint_dir, self.adapter, self.loaded.hook, config.preprocess_workers)
         self.voices = VoiceLibrary(Path(config.voices_dir) if config.voices_dir else default_voices_dir(), self.spec.name, self.model_config)
