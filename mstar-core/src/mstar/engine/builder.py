@@ -12,6 +12,7 @@ import torch
 from mstar.attention import create_backend
 from mstar.engine.core import EngineCore, SchedulerConfig
 from mstar.engine.executors import LoadedNode
+from mstar.engine.mixed_batches import validate_mixed_batches
 from mstar.engine.piecewise import PiecewiseRunner
 from mstar.graph import EngineKind, GraphSpec
 from mstar.kv import KVCacheManager
@@ -65,12 +66,12 @@ def build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineCo
     config = spec.load_config(checkpoint_dir)
     graph = spec.build_graph(config)
     graph.validate()
+    mixed = validate_mixed_batches(hook.mstar_mixed_batch_configs(model_name=spec.name, config=config) or [], graph)
     factories = hook.mstar_node_factories(config=config)
     missing = set(graph.nodes) - set(factories)
     if missing:
         raise ValueError(f"model {spec.name!r} has no factory for node(s) {sorted(missing)}")
     node_samplers: dict[str, NodeSamplers] = hook.mstar_node_samplers(config=config) or {}
-    mixed = hook.mstar_mixed_batch_configs(model_name=spec.name, config=config) or []
     device = torch.device(engine_config.device)
     placed = engine_config.nodes or tuple(graph.nodes)
     kv_nodes = [n for n in placed if graph.nodes[n].kind is EngineKind.KV_CACHE]
