@@ -29,7 +29,6 @@ def _load_conftest() -> ModuleType:
     return module
 
 
-
 ServerProcess = _load_conftest().ServerProcess
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'mstar-core[ray]' (CI installs it)")
 
@@ -52,6 +51,7 @@ TOY_REQUESTS = [
     ("seeded sampling", {"temperature": 1.0, "top_k": 50, "seed": 1234, "max_tokens": 40}),
 ]
 ORPHEUS_SAMPLING = {"temperature": 0.8, "seed": 11, "max_tokens": 48, "ignore_eos": True}
+ORPHEUS_LONG = {"temperature": 0.8, "seed": 12, "max_tokens": 240, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -63,21 +63,6 @@ def cluster():
     c.wait_for_nodes()
     yield c
     c.shutdown()
-
-
-def _serve(start_server, tmp_path_factory, cluster, placement: str, extra: list[str]):
-    path = tmp_path_factory.mktemp("ray-placement") / "placement.yaml"
-    path.write_text(placement)
-    return start_server([*extra, "--config", str(path), "--placement-backend", "ray", "--ray-address", cluster.address,
-                         "--preprocess-workers", "0", "--shutdown-timeout", "5"])
-
-
-@pytest.fixture(scope="module")
-def toy_server(start_server, tmp_path_factory, cluster):
-    srv = _serve(start_server, tmp_path_factory, cluster, TOY_PLACEMENT, [])
-    yield srv
-    if srv.proc.poll() is None:
-        assert srv.stop() == 0, srv.log_tail()
 
 
 @pytest.fixture(scope="module")
@@ -98,21 +83,50 @@ def orpheus_prompt(orpheus_ckpt) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def orpheus_server(tmp_path_factory, cluster, orpheus_ckpt):
-    def start(args: list[str]):
-        srv = ServerProcess(["--model", "orpheus", "--weights", str(orpheus_ckpt), *args], tmp_path_factory.mktemp("orpheus-ray") / "server.log")
-        servers.append(srv)
-        srv.start()
-        return srv
+def servers(tmp_path_factory, cluster, toy_checkpoint, orpheus_ckpt):
+    """The toy and Orpheus, each served with its two groups on the two nodes (started at once)."""
+    started: dict[str, object] = {}
 
-    servers: list = []
+    def make(model: str, ckpt, placement: str):
+        folder = tmp_path_factory.mktemp(f"{model}-ray")
+        (folder / "placement.yaml").write_text(placement)
+        args = ["--model", model, "--weights", str(ckpt), "--config", str(folder / "placement.yaml"), "--placement-backend", "ray",
+                "--ray-address", cluster.address, "--preprocess-workers", "0", "--shutdown-timeout", "5"]
+        return ServerProcess(args, folder / "server.log")
+
+    pending = {"toy": make("toy", toy_checkpoint, TOY_PLACEMENT), "orpheus": make("orpheus", orpheus_ckpt, ORPHEUS_PLACEMENT)}
+
+    def start(name: str) -> None:
+        try:
+            pending[name].start()
+            started[name] = pending[name]
+        except Exception as exc:
+            started[name] = exc
+
+    threads = [threading.Thread(target=start, args=(name,)) for name in pending]
     try:
-        srv = _serve(start, tmp_path_factory, cluster, ORPHEUS_PLACEMENT, [])
-        yield srv
-        assert srv.stop() == 0, srv.log_tail()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for value in started.values():
+            if isinstance(value, Exception):
+                raise value
+        yield pending
+        for srv in pending.values():
+            if srv.proc.poll() is None:
+                assert srv.stop() == 0, srv.log_tail()
     finally:
-        for s in servers:
-            s.kill_all()
+        for srv in pending.values():
+            srv.kill_all()
+
+
+@pytest.fixture(scope="module")
+def references(toy_checkpoint, orpheus_ckpt, orpheus_prompt):
+    """Outputs of the one-process engine: toy requests, then the two Orpheus ones."""
+    toy = _one_process("toy", toy_checkpoint, [([256, *text.encode()], s) for text, s in TOY_REQUESTS])
+    orpheus = _one_process("orpheus", orpheus_ckpt, [(orpheus_prompt, ORPHEUS_SAMPLING), (orpheus_prompt, ORPHEUS_LONG)])
+    return {"toy": toy, "orpheus": orpheus}
 
 
 def _generate(server, model: str, prompt: list[int], sampling: dict) -> dict:
@@ -136,41 +150,66 @@ def _one_process(model: str, ckpt, requests: list[tuple[list[int], dict]]) -> li
     return [(o.cat("token"), o.cat("audio")) for o in outs]
 
 
-def test_groups_run_as_actors_on_the_nodes_their_resources_name(toy_server, cluster):
-    engines = toy_server.health().json()["engines"]
-    ray.init(address=cluster.address, namespace="mstar-test")
-    try:
-        nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
-    finally:
-        ray.shutdown()
-    placed = {name: nodes[e["ray_node_id"]] for name, e in engines.items()}
-    assert "node_a" in placed["lm_group"] and "node_b" not in placed["lm_group"]
-    assert "node_b" in placed["decoder_group"] and "node_a" not in placed["decoder_group"]
-    assert all(e["command_addr"].startswith("tcp://") for e in engines.values())
+class _Stream(threading.Thread):
+    """A streamed /v1/generate request (NDJSON) read on a thread: its values by signal, its
+    last line, and an event set at its first value."""
+
+    def __init__(self, server, model: str, prompt: list[int], sampling: dict) -> None:
+        super().__init__()
+        self.url, self.body = f"{server.url}/v1/generate", {"model": model, "inputs": {"prompt_ids": prompt}, "sampling": sampling, "stream": True}
+        self.first = threading.Event()
+        self.values: dict[str, list[torch.Tensor]] = {}
+        self.lines: list[dict] = []
+
+    def run(self) -> None:
+        import json
+
+        from mstar.api.tensors import tensor_from_json
+
+        try:
+            with httpx.stream("POST", self.url, json=self.body, timeout=120) as r:
+                for line in r.iter_lines():
+                    msg = json.loads(line)
+                    self.lines.append(msg)
+                    if "signal" in msg:
+                        self.values.setdefault(msg["signal"], []).append(tensor_from_json(msg["tensor"], msg["signal"]))
+                        self.first.set()
+        finally:
+            self.first.set()
+
+    def cat(self, signal: str) -> torch.Tensor:
+        return torch.cat(self.values[signal])
 
 
-def test_toy_outputs_equal_one_process(toy_server, toy_checkpoint):
-    requests = [([256, *text.encode()], s) for text, s in TOY_REQUESTS]
-    reference = _one_process("toy", toy_checkpoint, requests)
-    for (prompt, sampling), (tokens, audio) in zip(requests, reference, strict=True):
-        got_tokens, got_audio = _outputs(_generate(toy_server, "toy", prompt, sampling))
+def test_groups_run_as_actors_on_the_nodes_their_resources_name(servers, cluster):
+    head, worker = cluster.head_node.node_id, cluster.worker_nodes.copy().pop().node_id
+    for srv, decoder in ((servers["toy"], "decoder_group"), (servers["orpheus"], "snac_group")):
+        engines = srv.health().json()["engines"]
+        assert {name: e["ray_node_id"] for name, e in engines.items()} == {"lm_group": head, decoder: worker}
+        assert all(e["command_addr"].startswith("tcp://") for e in engines.values())
+
+
+def test_toy_outputs_equal_one_process(servers, references):
+    for (text, sampling), (tokens, audio) in zip(TOY_REQUESTS, references["toy"], strict=True):
+        got_tokens, got_audio = _outputs(_generate(servers["toy"], "toy", [256, *text.encode()], sampling))
         assert torch.equal(got_tokens, tokens)
         assert torch.equal(got_audio, audio)
 
 
-def test_orpheus_outputs_equal_one_process(orpheus_server, orpheus_ckpt, orpheus_prompt):
-    [(tokens, audio)] = _one_process("orpheus", orpheus_ckpt, [(orpheus_prompt, ORPHEUS_SAMPLING)])
+def test_orpheus_outputs_equal_one_process(servers, references, orpheus_prompt):
+    tokens, audio = references["orpheus"][0]
     assert audio.numel() > 0
-    got_tokens, got_audio = _outputs(_generate(orpheus_server, "orpheus", orpheus_prompt, ORPHEUS_SAMPLING))
+    got_tokens, got_audio = _outputs(_generate(servers["orpheus"], "orpheus", orpheus_prompt, ORPHEUS_SAMPLING))
     assert torch.equal(got_tokens, tokens)
     assert torch.equal(got_audio, audio)
 
 
-def test_a_peer_without_the_secret_cannot_command_an_engine(toy_server):
+def test_a_peer_without_the_secret_cannot_command_an_engine(servers):
     import zmq
     from mstar.server.messages import Shutdown, command_encoder
 
-    engines = toy_server.health().json()["engines"]
+    toy = servers["toy"]
+    engines = toy.health().json()["engines"]
     ctx = zmq.Context()
     try:
         for e in engines.values():
@@ -184,62 +223,49 @@ def test_a_peer_without_the_secret_cannot_command_an_engine(toy_server):
     finally:
         ctx.term()
     time.sleep(1.5)  # what an accepted Shutdown would need to end the engine
-    after = toy_server.health().json()
+    after = toy.health().json()
     assert after["status"] == "ok"
     assert {n: e["pid"] for n, e in after["engines"].items()} == {n: e["pid"] for n, e in engines.items()}
-    assert "dropped a message without the server's secret" in toy_server.log_tail(400)
+    assert toy.log_tail(400).count("dropped a message without the server's secret") >= 4
     prompt, sampling = [256, *b"still serving"], {"temperature": 0, "max_tokens": 8}
-    assert _outputs(_generate(toy_server, "toy", prompt, sampling))[0].numel() == 8
+    assert _outputs(_generate(toy, "toy", prompt, sampling))[0].numel() == 8
 
 
-def test_killed_actor_fails_only_its_requests_and_comes_back(toy_server, orpheus_server, orpheus_ckpt, orpheus_prompt, toy_checkpoint):
+def test_killed_actor_fails_only_its_requests_and_comes_back(servers, references, orpheus_prompt):
     """The toy's decoder actor dies (SIGKILL) while a toy request and an Orpheus request
     (whose snac actor shares that node) stream: the toy request fails at once, the Orpheus
     one completes with the one-process output; the toy's group restarts and serves again."""
-    [(orpheus_tokens, orpheus_audio)] = _one_process("orpheus", orpheus_ckpt, [(orpheus_prompt, ORPHEUS_SAMPLING | {"max_tokens": 400})])
-    victim = toy_server.health().json()["engines"]["decoder_group"]["pid"]
-    results: dict[str, object] = {}
-    streaming = threading.Barrier(3, timeout=60)
-
-    def toy_stream() -> None:
-        body = {"model": "toy", "input": "x", "response_format": "pcm", "stream_format": "audio", "max_tokens": 4000, "ignore_eos": True}
-        try:
-            with httpx.stream("POST", f"{toy_server.url}/v1/audio/speech", json=body, timeout=60) as r:
-                for i, _ in enumerate(r.iter_raw()):
-                    if i == 1:
-                        streaming.wait()
-            results["toy"] = "complete"
-        except httpx.HTTPError as exc:
-            results["toy"] = type(exc).__name__
-
-    def orpheus_request() -> None:
-        streaming.wait()
-        results["orpheus"] = _generate(orpheus_server, "orpheus", orpheus_prompt, ORPHEUS_SAMPLING | {"max_tokens": 400})
-
-    threads = [threading.Thread(target=toy_stream), threading.Thread(target=orpheus_request)]
-    for t in threads:
-        t.start()
-    streaming.wait()
+    toy, orpheus = servers["toy"], servers["orpheus"]
+    victim = toy.health().json()["engines"]["decoder_group"]["pid"]
+    toy_stream = _Stream(toy, "toy", [256, *b"x"], {"max_tokens": 4000, "ignore_eos": True, "seed": 1})
+    orpheus_stream = _Stream(orpheus, "orpheus", orpheus_prompt, ORPHEUS_LONG)
+    toy_stream.start()
+    assert toy_stream.first.wait(60)
+    orpheus_stream.start()
+    assert orpheus_stream.first.wait(60)
+    assert not any(m.get("finished") for m in orpheus_stream.lines), "the Orpheus request ended before the kill"
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    threads[0].join(30)
+    toy_stream.join(30)
     failed_after = time.monotonic() - t0
-    health = toy_server.health().json()
-    threads[1].join(120)
-    assert results["toy"] != "complete", "the toy stream survived its engine's death"
+    health = toy.health().json()
+    orpheus_stream.join(120)
+
+    assert toy_stream.lines[-1].get("finish_reason") == "error", toy_stream.lines[-2:]
+    assert "decoder_group" in toy_stream.lines[-2]["error"]["message"]
     assert failed_after < 10
     assert health["status"] in ("restarting", "unhealthy") and health["engines"]["decoder_group"]["alive"] is False
     assert "Ray actor died" in health["engines"]["decoder_group"].get("last_exit", "")
-    got_tokens, got_audio = _outputs(results["orpheus"])  # type: ignore[arg-type]
-    assert torch.equal(got_tokens, orpheus_tokens) and torch.equal(got_audio, orpheus_audio)
+    assert orpheus_stream.lines[-1].get("finish_reason") == "length"
+    tokens, audio = references["orpheus"][1]
+    assert torch.equal(orpheus_stream.cat("token"), tokens) and torch.equal(orpheus_stream.cat("audio"), audio)
 
     deadline = time.monotonic() + 90
-    while toy_server.health().json()["status"] != "ok":
-        assert time.monotonic() < deadline, toy_server.log_tail()
+    while toy.health().json()["status"] != "ok":
+        assert time.monotonic() < deadline, toy.log_tail()
         time.sleep(0.5)
-    back = toy_server.health().json()["engines"]["decoder_group"]
+    back = toy.health().json()["engines"]["decoder_group"]
     assert back["pid"] != victim and back["restarts"] == 1
-    requests = [([256, *TOY_REQUESTS[0][0].encode()], TOY_REQUESTS[0][1])]
-    [(tokens, audio)] = _one_process("toy", toy_checkpoint, requests)
-    got_tokens, got_audio = _outputs(_generate(toy_server, "toy", *requests[0]))
+    (text, sampling), (tokens, audio) = TOY_REQUESTS[0], references["toy"][0]
+    got_tokens, got_audio = _outputs(_generate(toy, "toy", [256, *text.encode()], sampling))
     assert torch.equal(got_tokens, tokens) and torch.equal(got_audio, audio)
