@@ -20,12 +20,16 @@ class _TorchPlan:
     max_query_len: int
     num_tokens: int
     slot_mapping: torch.Tensor  # [T] where new K/V go
-    kv_slots: (
-        torch.Tensor
-    )  # [B, Kmax] flat cache slot of each gathered key (padding: any valid slot)
-    query_gather: torch.Tensor  # [B*Qmax] token feeding each padded query (padding: token 0)
-    query_unpad: torch.Tensor  # [T] padded position b*Qmax+i of each token
-    mask: torch.Tensor  # [B, 1, Qmax, Kmax] bool, True = may attend
+    # [B * Nb] cache block of each gathered block, row-major (padding: block 0, masked out).
+    # Whole blocks are copied: one contiguous block_size*Hkv*D run each, far cheaper than
+    # a per-key gather.
+    kv_blocks: torch.Tensor
+    keys_per_row: int  # Nb * block_size, the padded key count
+    # Token feeding each padded query [B*Qmax] and each token's padded position [T]; None
+    # when every row has one query (decode): the padded layout is then the token layout.
+    query_gather: torch.Tensor | None
+    query_unpad: torch.Tensor | None
+    mask: torch.Tensor  # [B, 1, Qmax, Nb*block_size] bool, True = may attend
 
 
 def _build_plan(batch: AttentionBatch, device: torch.device) -> _TorchPlan:
@@ -36,20 +40,23 @@ def _build_plan(batch: AttentionBatch, device: torch.device) -> _TorchPlan:
     q_lens = qo_indptr[1:] - qo_indptr[:-1]
     num_tokens = batch.num_tokens
 
-    key_pos = torch.arange(max_kv, device=device)
-    block_cols = (key_pos // block_size).expand(num_rows, max_kv)
-    block_tables = batch.block_tables.to(device=device, dtype=torch.int64)
-    kv_slots = block_tables.gather(1, block_cols) * block_size + key_pos % block_size
+    # The longest row's table holds ceil(max_kv / block_size) blocks, so the padded tables do.
+    num_blocks = -(-max_kv // block_size)
+    tables = batch.block_tables.to(device=device, dtype=torch.int64)[:, :num_blocks]
+    keys_per_row = num_blocks * block_size
+    key_pos = torch.arange(keys_per_row, device=device)
 
     query_idx = torch.arange(max_q, device=device)
-    query_valid = query_idx < q_lens[:, None]
-    query_gather = torch.where(query_valid, qo_indptr[:-1, None] + query_idx, 0).reshape(-1)
-    # output_size keeps repeat_interleave free of a device sync.
-    token_row = torch.repeat_interleave(
-        torch.arange(num_rows, device=device), q_lens, output_size=num_tokens
-    )
-    offset_in_row = torch.arange(num_tokens, device=device) - qo_indptr[token_row]
-    query_unpad = token_row * max_q + offset_in_row
+    query_gather = query_unpad = None
+    if max_q > 1:
+        query_valid = query_idx < q_lens[:, None]
+        query_gather = torch.where(query_valid, qo_indptr[:-1, None] + query_idx, 0).reshape(-1)
+        # output_size keeps repeat_interleave free of a device sync.
+        token_row = torch.repeat_interleave(
+            torch.arange(num_rows, device=device), q_lens, output_size=num_tokens
+        )
+        offset_in_row = torch.arange(num_tokens, device=device) - qo_indptr[token_row]
+        query_unpad = token_row * max_q + offset_in_row
 
     # New tokens sit at the end of the stream, so query i of row b is at kv_len - q_len + i.
     # Padding queries land at or past kv_len and so see every real key: never an empty row.
@@ -68,7 +75,8 @@ def _build_plan(batch: AttentionBatch, device: torch.device) -> _TorchPlan:
         max_query_len=max_q,
         num_tokens=num_tokens,
         slot_mapping=batch.slot_mapping.to(device=device, dtype=torch.int64),
-        kv_slots=kv_slots,
+        kv_blocks=tables.reshape(-1),
+        keys_per_row=keys_per_row,
         query_gather=query_gather,
         query_unpad=query_unpad,
         mask=mask.unsqueeze(1),
@@ -111,25 +119,27 @@ class TorchAttentionBackend(AttentionBackend):
         num_q_heads, head_dim = q.shape[1], q.shape[2]
 
         self.kv.write(layer, plan.slot_mapping, k, v)
-        k_cache = self.kv.k_cache(layer).view(-1, self.kv.num_kv_heads, self.kv.head_dim)
-        v_cache = self.kv.v_cache(layer).view(-1, self.kv.num_kv_heads, self.kv.head_dim)
+        rows, hkv = plan.num_rows, self.kv.num_kv_heads
 
-        # [B, Kmax, Hkv, D] -> [B, Hkv, Kmax, D]; queries likewise padded to [B, Hq, Qmax, D].
-        keys = k_cache[plan.kv_slots].to(q.dtype).transpose(1, 2)
-        values = v_cache[plan.kv_slots].to(q.dtype).transpose(1, 2)
-        queries = q[plan.query_gather].view(
-            plan.num_rows, plan.max_query_len, num_q_heads, head_dim
-        )
+        # Whole blocks [B*Nb, bs, Hkv, D] -> [B, Hkv, Nb*bs, D]; queries padded to [B, Hq, Qmax, D].
+        def gather(cache: torch.Tensor) -> torch.Tensor:
+            blocks = cache.index_select(0, plan.kv_blocks).to(q.dtype)
+            return blocks.view(rows, plan.keys_per_row, hkv, head_dim).transpose(1, 2)
+
+        keys = gather(self.kv.k_cache(layer))
+        values = gather(self.kv.v_cache(layer))
+        padded_q = q if plan.query_gather is None else q.index_select(0, plan.query_gather)
+        queries = padded_q.reshape(rows, plan.max_query_len, num_q_heads, head_dim)
         out = F.scaled_dot_product_attention(
             queries.transpose(1, 2),
             keys,
             values,
             attn_mask=plan.mask,
             scale=scale,
-            enable_gqa=num_q_heads != self.kv.num_kv_heads,
+            enable_gqa=num_q_heads != hkv,
         )
         out = out.transpose(1, 2).reshape(-1, num_q_heads, head_dim)
-        return out[plan.query_unpad]
+        return out if plan.query_unpad is None else out.index_select(0, plan.query_unpad)
 
     def _check_shapes(
         self, plan: _TorchPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
