@@ -29,12 +29,37 @@ def test_media_is_preprocessed_in_the_pool_text_inline():
     assert plugin.mstar_offload_preprocess("qwen3omni", object()) is None  # not a chat: core's default
 
 
-def test_graph_validates_with_encoders_beside_the_thinker(omni_ckpt):
+def test_graph_validates_with_encoders_beside_the_thinker(omni_ckpt, tmp_path):
+    from mstar_qwen3omni.tiny_checkpoint import write_checkpoint
+
     config = plugin._load_config(omni_ckpt)
     graph = plugin.build_graph(config)
     graph.validate()
-    assert set(graph.nodes) == {"thinker", "audio_encoder", "vision_encoder"}
+    assert set(graph.nodes) == {"thinker", "audio_encoder", "vision_encoder", "talker", "code2wav"}
+    assert graph.partitions == ("thinker", "talker", "code2wav")
     assert plugin.mstar_node_samplers(config)["thinker"].stop_token_ids == (151645, 151643)
+    # A Thinker-only checkpoint (the -Thinking / -Captioner releases) has no speech nodes.
+    thinker_only = plugin._load_config(write_checkpoint(tmp_path, speech=False, processor=False))
+    graph = plugin.build_graph(thinker_only)
+    graph.validate()
+    assert set(graph.nodes) == {"thinker", "audio_encoder", "vision_encoder"}
+    with pytest.raises(ValueError, match="no Talker"):
+        graph.state_machine.first_walk("thinker", {"modalities": ["text", "audio"]})
+
+
+def test_speech_walks_follow_the_requested_modalities():
+    walks = plugin.ThinkerWalks(("ethan", "chelsie"))
+    speech = {"modalities": ["text", "audio"], "media": ["image"]}
+    assert walks.order(speech) == ("encode_image", "speech_prefill", "speech_decode")
+    assert walks.first_walk("talker", speech) == "talker_prefill"
+    assert walks.next_walk("talker", "talker_prefill", speech) == "talker_decode"
+    assert walks.first_walk("code2wav", speech) == "vocode"
+    for text in ({}, {"modalities": ["text"]}):
+        assert walks.order(text) == ("prefill", "decode")
+        assert walks.first_walk("talker", text) is None and walks.first_walk("code2wav", text) is None
+    assert walks.first_walk("talker", {**speech, "voice": "CHELSIE"}) == "talker_prefill"
+    with pytest.raises(ValueError, match="unknown voice 'x'.*ethan"):
+        walks.first_walk("talker", {**speech, "voice": "x"})
 
 
 def test_bad_media_requests_fail_alone(omni_ckpt, omni_engines):
@@ -43,7 +68,7 @@ def test_bad_media_requests_fail_alone(omni_ckpt, omni_engines):
     engine = omni_engines(omni_ckpt)
     ids = torch.tensor([151644, 872, 198, 100, 151645, 198, 151644, 77091, 198])
     image_prompt = torch.tensor([151644, 872, 198, 151652, *[151655] * 4, 151653, 151645, 198])
-    greedy = {"temperature": 0, "max_tokens": 2}
+    greedy = {"thinker": {"temperature": 0, "max_tokens": 2}}  # a speech checkpoint samples on two nodes
     results = engine.run_batch([
         {"inputs": {"prompt_ids": ids}, "sampling": greedy, "kwargs": {"media": ["smell"]}},
         {"inputs": {"prompt_ids": ids}, "sampling": greedy, "kwargs": {"media": ["image"]}},

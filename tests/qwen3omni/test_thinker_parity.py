@@ -10,7 +10,7 @@ from thinker_reference import hf_greedy, hf_logits, hf_thinker, make_cases
 
 STEPS = 17  # the prefill's token and 16 decode steps
 LOGITS_TOL = 1e-4
-GREEDY = {"temperature": 0, "max_tokens": STEPS, "ignore_eos": True}
+GREEDY = {"thinker": {"temperature": 0, "max_tokens": STEPS, "ignore_eos": True}}
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,8 @@ def test_preempted_multimodal_requests_recompute_exactly(omni_ckpt, omni_engines
     text = TextConfig.from_config(load_config(omni_ckpt))
     per_token = 2 * text.num_layers * text.num_kv_heads * text.head_dim * 4
     longest = max(len(c.prompt) for c in cases.values()) + STEPS
-    engine = omni_engines(omni_ckpt, kv_budget_bytes=(longest + 32) * per_token, max_num_batched_tokens=16)
+    # The budget is split evenly between the KV nodes: the Thinker and the Talker.
+    engine = omni_engines(omni_ckpt, kv_budget_bytes=2 * (longest + 32) * per_token, max_num_batched_tokens=16)
     batch = list(cases.values())
     before = engine.stats()["preemptions"]
     worst = _check(omni_ckpt, batch, _run(engine, batch, raw=True))

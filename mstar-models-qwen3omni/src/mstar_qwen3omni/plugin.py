@@ -48,38 +48,101 @@ from typing import Any
 
 from mstar import hookimpl
 from mstar.graph import EngineKind, GraphSpec, NodeSpec, Signal, Step, Walk
-from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers
+from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig, lazy
 
 from mstar_qwen3omni.config import ARCHITECTURE, load_config
 
 MODEL_NAME = "qwen3omni"
 THINKER, AUDIO_ENCODER, VISION_ENCODER = "thinker", "audio_encoder", "vision_encoder"
+TALKER, CODE2WAV = "talker", "code2wav"  # nodes, and the partitions they run in
 GENERATION_CONFIG = "generation_config"
 MEDIA = "media"  # request kwarg: the kinds of media the request carries
 MEDIA_KINDS = ("audio", "image", "video")  # their encoder walks run in this order
+MODALITIES, VOICE = "modalities", "voice"  # request kwargs: output modalities, speaker
+OUTPUT_MODALITIES = ("text", "audio")
+SPEECH_PREFILL, SPEECH_DECODE = "speech_prefill", "speech_decode"  # the Thinker's, for speech out
+TALKER_PREFILL, TALKER_DECODE, VOCODE = "talker_prefill", "talker_decode", "vocode"
+# Signals between the partitions (thinker -> talker -> code2wav) and out.
+TALKER_PROMPT, THINKER_EMBED = "talker_prompt", "thinker_embed"
+PROMPT_ROWS, TEXT_EMBED, TEXT_ENDED = "talker_prompt_rows", "thinker_text_embed", "thinker_text_ended"
+CODES, FRAME_EMBED, CODE_CHUNK, AUDIO = "codes", "frame_embed", "code_chunk", "audio"
+# Code2Wav chunks (frames): a short first one so audio starts early, then longer ones. The
+# node carries its own past, so the chunks need no left context and join to the whole decode.
+FIRST_CHUNK, CHUNK = 4, 16
+
+
+def has_speech(config: Mapping[str, Any]) -> bool:
+    """The checkpoint holds a Talker and Code2Wav (the -Instruct release; -Thinking and
+    -Captioner say ``enable_audio_output: false``, whatever default sub-configs they list)."""
+    return (
+        bool(config.get("enable_audio_output", True))
+        and isinstance(config.get("talker_config"), dict)
+        and isinstance(config.get("code2wav_config"), dict)
+    )
+
+
+def wants_audio(request_kwargs: Mapping) -> bool:
+    modalities = request_kwargs.get(MODALITIES) or ("text",)
+    if isinstance(modalities, str):
+        modalities = (modalities,)
+    unknown = set(modalities) - set(OUTPUT_MODALITIES)
+    if unknown:
+        raise ValueError(f"unknown output modality(ies) {sorted(unknown)} in kwarg {MODALITIES!r}; known: {list(OUTPUT_MODALITIES)}")
+    return "audio" in modalities
 
 
 @dataclass(frozen=True)
 class ThinkerWalks:
-    """The request's encoder walks (from kwarg ``media``), then prefill and decode."""
+    """The request's encoder walks (from kwarg ``media``), then prefill and decode (their
+    speech variants when kwarg ``modalities`` asks for audio); for audio, partition
+    ``talker`` runs its prefill and decode and partition ``code2wav`` decodes the frames.
+    ``speakers``: the checkpoint's voices (empty: it cannot speak)."""
+
+    speakers: tuple[str, ...] = ()
 
     def order(self, request_kwargs: Mapping) -> tuple[str, ...]:
         media = set(request_kwargs.get(MEDIA) or ())
         unknown = media - set(MEDIA_KINDS)
         if unknown:
             raise ValueError(f"unknown media kind(s) {sorted(unknown)} in kwarg {MEDIA!r}; known: {list(MEDIA_KINDS)}")
-        return (*(f"encode_{k}" for k in MEDIA_KINDS if k in media), "prefill", "decode")
+        lm = (SPEECH_PREFILL, SPEECH_DECODE) if self.speech(request_kwargs) else ("prefill", "decode")
+        return (*(f"encode_{k}" for k in MEDIA_KINDS if k in media), *lm)
+
+    def speech(self, request_kwargs: Mapping) -> bool:
+        if not wants_audio(request_kwargs):
+            return False
+        if not self.speakers:
+            raise ValueError("this checkpoint has no Talker: it answers in text only (modalities ['text'])")
+        voice = request_kwargs.get(VOICE)
+        if voice is not None and str(voice).lower() not in self.speakers:
+            raise ValueError(f"unknown voice {voice!r}; this checkpoint has {list(self.speakers)}")
+        return True
+
+    def partition_order(self, partition: str, request_kwargs: Mapping) -> tuple[str, ...]:
+        if partition == THINKER:
+            return self.order(request_kwargs)
+        if not self.speech(request_kwargs):
+            return ()
+        return {TALKER: (TALKER_PREFILL, TALKER_DECODE), CODE2WAV: (VOCODE,)}.get(partition, ())
 
     def first_walk(self, partition: str, request_kwargs: Mapping) -> str | None:
-        return self.order(request_kwargs)[0]
+        order = self.partition_order(partition, request_kwargs)
+        return order[0] if order else None
 
     def next_walk(self, partition: str, finished_walk: str, request_kwargs: Mapping) -> str | None:
-        order = self.order(request_kwargs)
+        order = self.partition_order(partition, request_kwargs)
         i = order.index(finished_walk)
         return order[i + 1] if i + 1 < len(order) else None
 
     def walks(self) -> set[str]:
-        return {*(f"encode_{k}" for k in MEDIA_KINDS), "prefill", "decode"}
+        speech = {SPEECH_PREFILL, SPEECH_DECODE, TALKER_PREFILL, TALKER_DECODE, VOCODE} if self.speakers else set()
+        return {*(f"encode_{k}" for k in MEDIA_KINDS), "prefill", "decode", *speech}
+
+
+def speakers(config: Mapping[str, Any]) -> tuple[str, ...]:
+    if not has_speech(config):
+        return ()
+    return tuple(str(k).lower() for k in (config["talker_config"].get("speaker_id") or {}))
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
@@ -98,17 +161,52 @@ def build_graph(config: dict[str, Any]) -> GraphSpec:
     walks = {name: Walk(name, THINKER, Step(node, (PROMPT,), outputs)) for name, (node, _, outputs) in encode.items()}
     # Encoder outputs persist until the prefill (a later walk) reads them.
     signals = {name: Signal(name, persist=True) for _, _, outputs in encode.values() for name in outputs}
+    nodes = {
+        **text.nodes,
+        AUDIO_ENCODER: NodeSpec(AUDIO_ENCODER, EngineKind.STATELESS),
+        VISION_ENCODER: NodeSpec(VISION_ENCODER, EngineKind.STATELESS),
+    }
+    if has_speech(config):
+        speech_nodes, speech_walks, speech_signals = _speech_graph()
+        nodes, walks, signals = {**nodes, **speech_nodes}, {**walks, **speech_walks}, {**signals, **speech_signals}
     return GraphSpec(
-        nodes={
-            **text.nodes,
-            AUDIO_ENCODER: NodeSpec(AUDIO_ENCODER, EngineKind.STATELESS),
-            VISION_ENCODER: NodeSpec(VISION_ENCODER, EngineKind.STATELESS),
-        },
+        nodes=nodes,
         signals={**text.signals, **signals},
         walks={**walks, **text.walks},
-        state_machine=ThinkerWalks(),
+        state_machine=ThinkerWalks(speakers(config)),
         request_inputs=text.request_inputs,
     )
+
+
+def _speech_graph() -> tuple[dict[str, NodeSpec], dict[str, Walk], dict[str, Signal]]:
+    """The Thinker's speech walks (text plus what the Talker reads, streamed), the Talker's
+    walks, and Code2Wav decoding the Talker's frames as they come."""
+    from mstar.graph import FixedChunks, LeftContextChunks, Loop, StreamingEdge
+    from mstar.text.lm import PROMPT, STEP_OUTPUTS, TOKENS
+
+    talker_step = Step(TALKER, (FRAME_EMBED, TEXT_EMBED), (CODES, FRAME_EMBED))
+    walks = {
+        SPEECH_PREFILL: Walk(SPEECH_PREFILL, THINKER, Step(THINKER, (PROMPT,), (*STEP_OUTPUTS, TALKER_PROMPT))),
+        SPEECH_DECODE: Walk(SPEECH_DECODE, THINKER, Loop(
+            "speech_decode_loop", Step(THINKER, (TOKENS,), (*STEP_OUTPUTS, THINKER_EMBED)), stop_on=(THINKER,)
+        )),
+        TALKER_PREFILL: Walk(TALKER_PREFILL, TALKER, Step(TALKER, (PROMPT_ROWS, TEXT_EMBED, PROMPT), (CODES, FRAME_EMBED))),
+        TALKER_DECODE: Walk(TALKER_DECODE, TALKER, Loop("talker_decode_loop", talker_step, stop_on=(TALKER,))),
+        VOCODE: Walk(VOCODE, CODE2WAV, Loop(
+            "vocode_loop", Step(CODE2WAV, (CODE_CHUNK,), (AUDIO,)), until_stream_closed=CODES
+        )),
+    }
+    signals = {
+        TALKER_PROMPT: Signal(TALKER_PROMPT, stream=StreamingEdge(TALKER, PROMPT_ROWS, FixedChunks(1))),
+        # One Thinker embedding per Talker step; past the Thinker's end the Talker goes on
+        # (tts_eos, then tts_pad) until it draws codec EOS.
+        THINKER_EMBED: Signal(THINKER_EMBED, stream=StreamingEdge(TALKER, TEXT_EMBED, FixedChunks(1), past_end_signal=TEXT_ENDED)),
+        CODES: Signal(CODES, to_client=True, stream=StreamingEdge(CODE2WAV, CODE_CHUNK, LeftContextChunks(CHUNK, 0, FIRST_CHUNK))),
+        FRAME_EMBED: Signal(FRAME_EMBED, persist=True),
+        AUDIO: Signal(AUDIO, to_client=True),
+    }
+    nodes = {TALKER: NodeSpec(TALKER, EngineKind.KV_CACHE), CODE2WAV: NodeSpec(CODE2WAV, EngineKind.STATELESS)}
+    return nodes, walks, signals
 
 
 def text_view(config: dict[str, Any]) -> dict[str, Any]:
@@ -172,9 +270,15 @@ def mstar_model_spec() -> ModelSpec:
         load_config=_load_config,
         build_graph=build_graph,
         write_tiny_checkpoint=_write_tiny,
-        default_placement={THINKER: "0", AUDIO_ENCODER: "0", VISION_ENCODER: "0"},
+        default_placement={THINKER: "0", AUDIO_ENCODER: "0", VISION_ENCODER: "0", TALKER: "0", CODE2WAV: "0"},
         example_requests=_example_requests,
     )
+
+
+def _build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+    from mstar_qwen3omni.speech_loading import build_talker
+
+    return build_talker(config, checkpoint_dir, device, prefill_walks=(TALKER_PREFILL,))
 
 
 @hookimpl
@@ -182,32 +286,79 @@ def mstar_node_factories(config: dict) -> dict[str, Any]:
     from mstar_qwen3omni.encoder_nodes import build_audio_encoder, build_vision_encoder
     from mstar_qwen3omni.loading import build_thinker
 
-    return {THINKER: build_thinker, AUDIO_ENCODER: build_audio_encoder, VISION_ENCODER: build_vision_encoder}
+    factories = {THINKER: build_thinker, AUDIO_ENCODER: build_audio_encoder, VISION_ENCODER: build_vision_encoder}
+    if has_speech(config):
+        factories |= {TALKER: _build_talker, CODE2WAV: lazy("mstar_qwen3omni.speech_loading:build_code2wav_node")}
+    return factories
 
 
 @hookimpl
 def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
-    from mstar.text.lm import text_lm_samplers
+    from dataclasses import replace
+
+    from mstar.text.lm import STEP_OUTPUTS, text_lm_samplers
 
     gen = config.get(GENERATION_CONFIG) or {}
     defaults = {k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in gen}
-    return text_lm_samplers(text_view(config), THINKER, **{"max_tokens": 1024, **defaults})
+    samplers = text_lm_samplers(text_view(config), THINKER, **{"max_tokens": 1024, **defaults})
+    if not has_speech(config):
+        return samplers
+    # The Thinker's end token stays unsent, but the embedding of the token its last step fed
+    # back still goes to the Talker (it is spoken).
+    samplers[THINKER] = replace(samplers[THINKER], withhold_on_stop=STEP_OUTPUTS)
+    return {**samplers, **_talker_samplers(config)}
+
+
+def _talker_samplers(config: dict[str, Any]) -> dict[str, NodeSamplers]:
+    from mstar.sampling import SamplingParams
+
+    from mstar_qwen3omni.code_predictor import AUX_LABEL, AUX_SAMPLING_DEFAULTS
+    from mstar_qwen3omni.talker import SAMPLING_DEFAULTS
+    from mstar_qwen3omni.talker_config import TalkerConfig
+
+    cfg = TalkerConfig.from_config(config)
+    return {
+        TALKER: NodeSamplers(
+            vocab_size=cfg.vocab_size,
+            main=SamplingParams(**SAMPLING_DEFAULTS),
+            aux={AUX_LABEL: SamplingParams(**AUX_SAMPLING_DEFAULTS)},
+            aux_vocab_sizes={AUX_LABEL: cfg.predictor.vocab_size},
+            stop_token_ids=(cfg.codec_eos_id,),
+            withhold_on_stop=(CODES,),
+        )
+    }
 
 
 @hookimpl
 def mstar_mixed_batch_configs(model_name: str, config: dict) -> list[MixedBatchConfig]:
-    from mstar.text.lm import text_lm_mixed_batches
+    """Thinker prefill and decode rows (text and speech walks) in one forward; Talker
+    prefills beside Talker decode steps."""
+    thinker = MixedBatchConfig(node=THINKER, walks=("prefill", "decode", SPEECH_PREFILL, SPEECH_DECODE), merged_walk="mixed")
+    if not has_speech(config):
+        return [MixedBatchConfig(node=THINKER, walks=("prefill", "decode"), merged_walk="mixed")]
+    talker = MixedBatchConfig(node=TALKER, walks=(TALKER_PREFILL, TALKER_DECODE), merged_walk="talker_mixed", max_rows={TALKER_PREFILL: 4})
+    return [thinker, talker]
 
-    return text_lm_mixed_batches(THINKER)
+
+@hookimpl
+def mstar_piecewise_graph_configs(model_name: str, node: str, submodule: Any) -> dict[str, PiecewiseGraphConfig]:
+    """The Talker's code predictor loop (residual codes under the aux label) as a region."""
+    if node != TALKER:
+        return {}
+    from mstar_qwen3omni.talker import PIECEWISE_LABEL
+
+    return {PIECEWISE_LABEL: PiecewiseGraphConfig(PIECEWISE_LABEL, submodule.lm.sample_frame, ("hidden", "logits"), uses_sampler=True)}
 
 
 @hookimpl
 def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None) -> Any:
-    from mstar_qwen3omni.adapter import OmniChatAdapter, limits_from_env
+    from mstar_qwen3omni.adapter import OmniChatAdapter, limits_from_env, speaker_names
 
     if checkpoint_dir is None:
         raise ValueError("the Qwen3-Omni API adapter needs the checkpoint directory (tokenizer, chat template, processor)")
-    return OmniChatAdapter(checkpoint_dir, text_view(config), THINKER, limits_from_env())
+    # A checkpoint with a Talker answers in speech too (chat audio, /v1/audio/speech).
+    speakers = speaker_names(config) if has_speech(config) else ()
+    return OmniChatAdapter(checkpoint_dir, text_view(config), THINKER, limits_from_env(), speakers)
 
 
 @hookimpl

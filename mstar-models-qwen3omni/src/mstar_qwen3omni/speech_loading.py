@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mstar.layers import CheckpointMismatchError, safetensors_keys
 
 from mstar_qwen3omni.code2wav import Code2Wav
 from mstar_qwen3omni.code2wav_config import Code2WavConfig
@@ -17,17 +18,32 @@ from mstar_qwen3omni.text_model import checkpoint_views
 from mstar_qwen3omni.weights import load_component
 
 
-def build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> TalkerNode:
+def build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str, prefill_walks: tuple[str, ...] = ("prefill",)) -> TalkerNode:
     dtype = model_dtype(config, device)
     if checkpoint_dir is None:
-        node = TalkerNode(config, dtype)
+        node = TalkerNode(config, dtype, prefill_walks)
         node.init_random(float(config["talker_config"].get("initializer_range", 0.02)))
         return node.to(device=device, dtype=dtype)
     with torch.device("meta"):  # no random init of weights about to be overwritten
-        node = TalkerNode(config, dtype).to(dtype)
+        node = TalkerNode(config, dtype, prefill_walks).to(dtype)
     node = node.to_empty(device=device)
     load_component(node.lm, Path(checkpoint_dir), "talker.", expand=checkpoint_views)
+    node.tts_embeds.copy_(thinker_embedding_rows(Path(checkpoint_dir), [node.cfg.tts_bos_id, node.cfg.tts_eos_id, node.cfg.tts_pad_id]))
     return node
+
+
+def thinker_embedding_rows(checkpoint_dir: Path, ids: list[int]) -> torch.Tensor:
+    """Rows ``ids`` of the Thinker's input embedding table, read without loading the table
+    (the Talker needs three of them and may run where the Thinker does not)."""
+    from safetensors import safe_open
+
+    key = "thinker.model.embed_tokens.weight"
+    file = safetensors_keys(checkpoint_dir).get(key)
+    if file is None:
+        raise CheckpointMismatchError(f"{checkpoint_dir}: no {key} (the Talker reads the tts_* rows of it)")
+    with safe_open(str(checkpoint_dir / file), framework="pt") as f:
+        table = f.get_slice(key)
+        return torch.stack([table[i : i + 1][0] for i in ids]).to(torch.float32)
 
 
 def build_code2wav(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Code2Wav:

@@ -15,11 +15,18 @@ Signals (one row = one request):
   the prefill already in Talker width (``talker_prompt.build_talker_prompt`` makes it from the
   Thinker's outputs); optionally ``talker_positions`` [3, n] M-RoPE positions
   (``talker_prompt.talker_positions`` for media requests; default 0..n-1 on every axis).
+  Or, fed from the Thinker's streams (the engine graph): ``talker_prompt_rows`` [1, n0, Ht]
+  (``thinker_node.TALKER_PROMPT``: the Thinker's rows over its prompt ``prompt_ids``) and
+  ``thinker_text_embed`` [1, Ht], the embedding of the Thinker's first generated token; the
+  node builds the prefill (``build_talker_prompt``, voice from request kwarg ``voice``) and
+  its M-RoPE positions (from the request's media grids) itself.
 - other walks (one frame per step): ``frame_embed`` [1, H] from the previous step and
   ``thinker_text_embed`` [Ht], the Thinker-width embedding of this step's text (which one:
   ``talker_prompt.step_text``: Thinker tokens from the second on, then ``tts_eos``, then
   ``tts_pad``); the input is
-  ``frame_embed + text_projection(thinker_text_embed)``.
+  ``frame_embed + text_projection(thinker_text_embed)``. An empty ``thinker_text_embed``
+  (the Thinker's stream has ended) with ``thinker_text_ended`` = k means ``tts_eos`` for
+  k = 0, ``tts_pad`` after; the node holds those Thinker embeddings (``tts_embeds``).
 
 ``TalkerLM.hidden_states`` runs the same decoder outside the engine on a ``DenseKVCache``.
 Module names follow the checkpoint's ``talker.*`` keys.
@@ -46,6 +53,7 @@ from mstar.model.submodule_base import (
 from torch import nn
 
 from mstar_qwen3omni.code_predictor import CodePredictor
+from mstar_qwen3omni.config import MultimodalTokens
 from mstar_qwen3omni.mrope import MRotaryEmbedding
 from mstar_qwen3omni.talker_config import TalkerConfig
 from mstar_qwen3omni.talker_moe import SharedExpertMoeBlock
@@ -54,6 +62,9 @@ PIECEWISE_LABEL = "code_predictor"
 PREFILL = "prefill"
 PROMPT_EMBEDS, POSITIONS = "talker_prompt_embeds", "talker_positions"
 FRAME_EMBED, TEXT_EMBED = "frame_embed", "thinker_text_embed"
+PROMPT_ROWS, TEXT_ENDED = "talker_prompt_rows", "thinker_text_ended"
+THINKER_PROMPT = "prompt_ids"  # the request's Thinker prompt
+VOICE = "voice"  # request kwarg
 CODES = "codes"
 ROPE_DELTA = "talker_rope_delta"
 # transformers' generate(return_audio=True) defaults for code 0 (talker_* kwargs); the stop id
@@ -154,7 +165,17 @@ class TalkerNode(ARNodeSubmodule):
         self.cfg = TalkerConfig.from_config(config)
         self.dtype = dtype
         self.prefill_walks = prefill_walks
+        self.config = config
         self.lm = TalkerLM(self.cfg)
+        # The Thinker's input embeddings of tts_bos, tts_eos, tts_pad (the factory fills them
+        # from the checkpoint's Thinker table).
+        self.register_buffer("tts_embeds", torch.zeros(3, self.cfg.thinker_hidden_size), persistent=False)
+
+    def default_voice(self) -> str:
+        """transformers' default speaker when the checkpoint lists it, else its first."""
+        if not self.cfg.speakers:
+            raise ValueError("the checkpoint's talker_config lists no speakers")
+        return "ethan" if "ethan" in self.cfg.speakers else next(iter(self.cfg.speakers))
 
     # ---- contract ----------------------------------------------------------------------
     def kv_cache_layout(self) -> KVCacheLayout:
@@ -165,6 +186,8 @@ class TalkerNode(ARNodeSubmodule):
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
         h = self.cfg.hidden_size
+        if info.walk in self.prefill_walks and PROMPT_ROWS in signals:
+            return self._streamed_prefill(info, signals)
         if info.walk in self.prefill_walks:
             embeds = torch.as_tensor(signals[PROMPT_EMBEDS])
             if embeds.ndim != 2 or embeds.shape[1] != h or embeds.shape[0] == 0:
@@ -180,13 +203,54 @@ class TalkerNode(ARNodeSubmodule):
                 input_embeds=embeds, custom_pos_ids=positions, input_seq_len=embeds.shape[0], kwargs={ROPE_DELTA: delta}
             )
         frame = torch.as_tensor(signals[FRAME_EMBED]).reshape(1, h)
-        text = torch.as_tensor(signals[TEXT_EMBED]).reshape(1, self.cfg.thinker_hidden_size)
+        text = torch.as_tensor(signals[TEXT_EMBED])
+        if not text.numel():  # the Thinker's text has ended: tts_eos once, then tts_pad
+            ended = signals.get(TEXT_ENDED)
+            if ended is None:
+                raise ValueError(f"an empty {TEXT_EMBED} needs {TEXT_ENDED}")
+            text = self.tts_embeds[1 if int(ended) == 0 else 2]
+        text = text.reshape(1, self.cfg.thinker_hidden_size)
         # The whole input embedding is built here, so the row's inputs stand alone (a cache
         # recompute or a chunked prefill replays them without other state).
         weight = self.lm.text_projection.linear_fc1.weight
         with torch.inference_mode():
             embed = frame.to(weight.device, weight.dtype) + self.lm.text_projection(text.to(weight.device, weight.dtype))
         return ARNodeInputs(input_embeds=embed, input_seq_len=1)
+
+    def _streamed_prefill(self, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
+        from mstar_qwen3omni.talker_prompt import build_talker_prompt, talker_positions
+
+        ht = self.cfg.thinker_hidden_size
+        rows = torch.as_tensor(signals[PROMPT_ROWS]).reshape(-1, ht)
+        first = torch.as_tensor(signals[TEXT_EMBED]).reshape(-1, ht)
+        if not first.shape[0]:
+            raise ValueError("the Thinker ended before its first token was fed back: there is no text to speak")
+        ids = torch.as_tensor(signals[THINKER_PROMPT]).reshape(-1)
+        if ids.numel() != rows.shape[0]:
+            raise ValueError(f"{PROMPT_ROWS} has {rows.shape[0]} rows for a prompt of {ids.numel()} tokens")
+        voice = info.request_kwargs.get(VOICE) or self.default_voice()
+        mm = MultimodalTokens.from_config(self.config)
+        media_ids = (mm.audio_token_id, mm.image_token_id, mm.video_token_id)
+        with torch.inference_mode():
+            prompt = build_talker_prompt(
+                self.lm, ids, torch.cat([rows, first]), rows, self.tts_embeds, str(voice), media_ids
+            )
+        mask = signals.get("feature_attention_mask")
+        lengths = signals.get("audio_feature_lengths")
+        if lengths is None and mask is not None:
+            lengths = torch.as_tensor(mask).sum(-1)
+        placed = talker_positions(
+            prompt, self.config, image_grid_thw=signals.get("image_grid_thw"), video_grid_thw=signals.get("video_grid_thw"),
+            video_second_per_grid=signals.get("video_second_per_grid"), audio_feature_lengths=lengths,
+        )
+        embeds = prompt.embeds.cpu()
+        if placed is None:
+            return ARNodeInputs(input_embeds=embeds, input_seq_len=embeds.shape[0])
+        positions, delta = placed
+        return ARNodeInputs(
+            input_embeds=embeds, custom_pos_ids=positions.to(torch.float32), input_seq_len=embeds.shape[0],
+            kwargs={ROPE_DELTA: float(delta)},
+        )
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
         device = self.lm.codec_head.weight.device
@@ -225,10 +289,16 @@ class TalkerNode(ARNodeSubmodule):
     def check_stop_batched(
         self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput
     ) -> BatchedStopCheck:
-        # Core applies max_tokens and stop ids; a codec-EOS frame carries no audio.
+        # Core applies max_tokens and stop ids; a codec-EOS frame carries no audio, and (as
+        # transformers) the frame drawn at max_tokens is dropped: its stop ends the Talker.
         firsts = outputs.row_outputs[CODES][:, 0, 0].tolist()
         eos = self.cfg.codec_eos_id
-        return BatchedStopCheck({rid: StopCheck(withheld=(CODES,)) for rid, tok in zip(request_ids, firsts, strict=True) if tok == eos})
+        checks = {}
+        for rid, info, tok in zip(request_ids, infos, firsts, strict=True):
+            last = info.sampling is not None and info.num_generated + 1 >= info.sampling.max_tokens
+            if tok == eos or last:
+                checks[rid] = StopCheck(withheld=(CODES,))
+        return BatchedStopCheck(checks)
 
     def init_random(self, std: float) -> None:
         for name, p in self.named_parameters():

@@ -53,14 +53,22 @@ class ThinkerTextModel(nn.Module):
         attention: Any,
         deepstack: list[torch.Tensor] | None = None,
         deepstack_rows: torch.Tensor | None = None,
+        keep: list[torch.Tensor] | None = None,
+        keep_layer: int = 0,
     ) -> torch.Tensor:
         """[T, H] input embeddings of all rows (flat), [3, T] M-RoPE positions -> [T, H]
         hidden states before the final norm. ``deepstack[i]`` [n, H] is added to the rows ``deepstack_rows``
-        after layer i (the vision tower's multi-level features)."""
+        after layer i (the vision tower's multi-level features). With ``keep`` (a list), the
+        state after ``keep_layer`` layers (0: the inputs), before any deepstack addition, is
+        appended to it (the Talker reads one layer's states)."""
         cos, sin = self.rope(positions, embeds.dtype)
         x = embeds
+        if keep is not None and keep_layer == 0:
+            keep.append(x)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, attention, i)
+            if keep is not None and keep_layer == i + 1:
+                keep.append(x)
             if deepstack is not None and i < len(deepstack):
                 x = x.index_add(0, deepstack_rows, deepstack[i].to(x.dtype))
         return x

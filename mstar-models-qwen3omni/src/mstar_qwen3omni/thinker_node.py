@@ -1,6 +1,13 @@
 """Node ``thinker``: the Thinker LLM as an ``ARNodeSubmodule``. The prefill places encoder
 outputs on their placeholder tokens and uses the prompt's M-RoPE positions; every step
-samples the next token with the batch's sampler (``mstar.text.lm``'s signals)."""
+samples the next token with the batch's sampler (``mstar.text.lm``'s signals).
+
+Rows of the speech walks (``SPEECH_PREFILL`` / ``SPEECH_DECODE``, checkpoints with a Talker)
+also give what the Talker reads (``talker_prompt``'s docstring): a speech prefill, once its
+last chunk ran, ``TALKER_PROMPT`` [1, n, H]: per prompt position the input embedding, or at
+audio/image/video placeholders the state after ``accept_hidden_layer`` layers (kept across
+prefill chunks in the request's state); every row ``THINKER_EMBED`` [1, H], the input
+embedding of its last position (for a decode row: the token fed back)."""
 
 from __future__ import annotations
 
@@ -31,6 +38,10 @@ MM_ROWS, MM_EMBEDS, DS_ROWS, DS_EMBEDS = "mm_rows", "mm_embeds", "ds_rows", "ds_
 IMAGE_EMBEDS, IMAGE_DEEPSTACK = "image_embeds", "image_deepstack"
 VIDEO_EMBEDS, VIDEO_DEEPSTACK = "video_embeds", "video_deepstack"
 AUDIO_EMBEDS = "audio_embeds"
+SPEECH_PREFILL, SPEECH_DECODE = "speech_prefill", "speech_decode"
+PREFILL_WALKS = (PREFILL, SPEECH_PREFILL)
+TALKER_PROMPT, THINKER_EMBED = "talker_prompt", "thinker_embed"
+PROMPT_ROWS = "talker_prompt_rows"  # per-request state: the speech prefill's rows so far
 
 
 def _audio_lengths(signals: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
@@ -48,6 +59,14 @@ class ThinkerNode(ARNodeSubmodule):
         self.mm = MultimodalTokens.from_config(config)
         self.dtype = dtype
         self.lm = ThinkerLM(self.text)
+        talker = config.get("talker_config")
+        # The layer whose states the Talker reads at media placeholders (None: no Talker).
+        self.accept_layer: int | None = (
+            int(talker["accept_hidden_layer"]) if isinstance(talker, dict) and "accept_hidden_layer" in talker else None
+        )
+        if self.accept_layer is not None and not 0 <= self.accept_layer <= self.text.num_layers:
+            raise ValueError(f"accept_hidden_layer {self.accept_layer} outside [0, {self.text.num_layers}]")
+        self.media_ids = (self.mm.audio_token_id, self.mm.image_token_id, self.mm.video_token_id)
 
     # ---- contract ----------------------------------------------------------------------
     def kv_cache_layout(self) -> KVCacheLayout:
@@ -57,7 +76,7 @@ class ThinkerNode(ARNodeSubmodule):
         return self.text.max_position_embeddings
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
-        if info.walk != PREFILL:
+        if info.walk not in PREFILL_WALKS:
             ids = torch.as_tensor(signals[TOKENS]).reshape(-1).to(torch.long)
             return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
         ids = torch.as_tensor(signals[PROMPT]).reshape(-1).to(torch.long)
@@ -152,9 +171,54 @@ class ThinkerNode(ARNodeSubmodule):
             embeds = embeds.index_copy(0, mm_rows, mm_embeds)
         if ds_rows is not None and not ds_rows.numel():
             ds_rows, ds_embeds = None, None
-        hidden = self.lm.model(embeds, positions, engine_inputs.attention, ds_embeds, ds_rows)
+        infos = [engine_inputs.per_request_info[rid] for rid in engine_inputs.request_ids]
+        speech = self.accept_layer is not None and any(i.walk in (SPEECH_PREFILL, SPEECH_DECODE) for i in infos)
+        kept: list[torch.Tensor] | None = [] if speech else None
+        hidden = self.lm.model(embeds, positions, engine_inputs.attention, ds_embeds, ds_rows, kept, self.accept_layer or 0)
+        last = engine_inputs.last_token_index.long()
         # Tokens, logprobs and (for return_logits requests) logits, as mstar.text.lm defines them.
-        return sample_step(self.lm.logits(hidden[engine_inputs.last_token_index.long()]), engine_inputs)
+        out = sample_step(self.lm.logits(hidden[last]), engine_inputs)
+        if kept:
+            out.row_outputs[THINKER_EMBED] = embeds[last][:, None, :]
+            accepted = self.lm.model.norm(kept[0]) if self.accept_layer == self.text.num_layers else kept[0]
+            self._talker_prompt(out, engine_inputs, infos, input_ids, embeds, accepted)
+        return out
+
+    def _talker_prompt(
+        self,
+        out: BatchedModelOutput,
+        engine_inputs: ModelInputsFromEngine,
+        infos: list[CurrentForwardPassInfo],
+        input_ids: torch.Tensor,
+        embeds: torch.Tensor,
+        accepted: torch.Tensor,
+    ) -> None:
+        """Speech prefill rows: write this chunk's Talker rows into the request's state (by
+        cache position, so a recomputed chunk writes the same rows again); after the last
+        chunk, output them all."""
+        if not any(i.walk == SPEECH_PREFILL for i in infos):
+            return
+        assert engine_inputs.qo_indptr is not None
+        bounds = engine_inputs.qo_indptr.tolist()
+        media = torch.isin(input_ids, torch.tensor(self.media_ids, device=input_ids.device))
+        rows = torch.where(media[:, None], accepted, embeds)
+        for k, (rid, info) in enumerate(zip(engine_inputs.request_ids, infos, strict=True)):
+            if info.walk != SPEECH_PREFILL:
+                continue
+            state = engine_inputs.per_request_states[rid]
+            part = rows[bounds[k] : bounds[k + 1]]
+            start, end = info.num_computed_tokens, info.num_computed_tokens + part.shape[0]
+            buf = state.get(PROMPT_ROWS)
+            if buf is None or buf.shape[0] < end:
+                grown = part.new_zeros(max(end, 2 * (0 if buf is None else buf.shape[0])), part.shape[1])
+                if buf is not None:
+                    grown[: buf.shape[0]] = buf
+                buf = grown
+            buf[start:end] = part
+            state.add(PROMPT_ROWS, buf)
+            if info.is_last_chunk:
+                out.per_rid_outputs.setdefault(rid, {})[TALKER_PROMPT] = buf[:end][None].clone()
+                state.tensors.pop(PROMPT_ROWS, None)
 
     # ---- pieces ------------------------------------------------------------------------
 

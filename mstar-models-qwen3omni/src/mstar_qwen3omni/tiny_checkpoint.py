@@ -1,8 +1,9 @@
 """Tiny random Qwen3-Omni checkpoints in the released layout, written with transformers' own
-``Qwen3OmniMoeForConditionalGeneration`` (Thinker only: ``enable_audio_output=False``, as the
--Thinking and -Captioner checkpoints): config.json, model.safetensors (``thinker.*`` keys, one
-module per expert), generation_config.json, preprocessor_config.json, and a small tokenizer
-with the real special ids."""
+``Qwen3OmniMoeForConditionalGeneration``: config.json, model.safetensors (``thinker.*`` keys,
+and with ``speech`` the ``talker.*`` and ``code2wav.*`` ones as the -Instruct release has
+them; ``speech=False`` is a Thinker-only checkpoint like -Thinking and -Captioner; MoE experts
+one module per expert), generation_config.json, preprocessor_config.json, and a small
+tokenizer with the real special ids."""
 
 from __future__ import annotations
 
@@ -52,6 +53,52 @@ THINKER_IDS: dict[str, Any] = dict(
     user_token_id=872, position_id_per_seconds=13, seconds_per_chunk=2,
 )
 EOS_TOKEN_IDS = [151645, 151643]  # <|im_end|>, <|endoftext|>
+CODEBOOK = 32
+# The Talker: a codec vocabulary of the codebook plus 1024 ids (as the released 2048 + 1024),
+# the special codec ids inside the top 1024, three speakers; M-RoPE sections interleaved.
+TINY_TALKER: dict[str, Any] = dict(
+    text_config=dict(
+        vocab_size=CODEBOOK + 1024, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+    ),
+    code_predictor_config=dict(
+        vocab_size=CODEBOOK, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_code_groups=4, rms_norm_eps=1e-6,
+    ),
+    num_code_groups=4, accept_hidden_layer=2, spatial_merge_size=2,
+    codec_pad_id=CODEBOOK + 100, codec_bos_id=CODEBOOK + 101, codec_eos_token_id=CODEBOOK + 102,
+    codec_nothink_id=CODEBOOK + 107, codec_think_bos_id=CODEBOOK + 108, codec_think_eos_id=CODEBOOK + 109,
+    speaker_id={"ethan": CODEBOOK + 200, "chelsie": CODEBOOK + 201, "aiden": CODEBOOK + 202},
+    # The release's Talker position ids (transformers' config defaults differ: audio 151646, 25/s).
+    audio_token_id=151675, image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+    audio_start_token_id=151669, audio_end_token_id=151670, position_id_per_seconds=13, seconds_per_chunk=2,
+)
+TINY_CODE2WAV: dict[str, Any] = dict(
+    codebook_size=CODEBOOK, num_quantizers=4, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, sliding_window=6, rms_norm_eps=1e-5,
+    upsampling_ratios=[2, 2], upsample_rates=[3, 2], decoder_dim=32,
+)
+
+
+def _spread(module: Any, seed: int, scale: float) -> None:
+    """Weights far from their init (norms, layer scales and snake parameters too), so the
+    tiny Talker speaks a few frames and the audio is not silence."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith(("norm.weight", ".scale", "gamma")):
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith((".alpha", ".beta")):
+                p.copy_(0.3 * noise)
+            elif "projection" in name:  # the Thinker's text must sway the Talker's codes
+                p.copy_(noise * (0.6 if p.ndim > 1 else 0.1))
+            else:
+                p.copy_(noise * (scale if p.ndim > 1 else 0.1))
 
 
 def write_checkpoint(
@@ -63,11 +110,13 @@ def write_checkpoint(
     max_image_tokens: int = 16,
     dtype: Any = None,
     processor: bool = True,
+    speech: bool = True,
 ) -> Path:
     """Write the checkpoint into ``path`` (created); ``text``/``audio``/``vision`` override
     entries of the tiny configs; the image processor resizes images to at most
     ``max_image_tokens`` LLM tokens; ``dtype`` (a torch dtype) casts the weights, float32
-    by default; ``processor=False`` leaves out preprocessor_config.json. Returns ``path``."""
+    by default; ``processor=False`` leaves out preprocessor_config.json; ``speech=False``
+    leaves out the Talker and Code2Wav. Returns ``path``."""
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
@@ -79,15 +128,20 @@ def write_checkpoint(
     hidden = text_cfg["hidden_size"]
     audio_cfg = {**TINY_AUDIO, "output_dim": hidden, **(audio or {})}
     vision_cfg = {**TINY_VISION, "out_hidden_size": hidden, **(vision or {})}
+    talker = {**copy.deepcopy(TINY_TALKER), "thinker_hidden_size": hidden} if speech else None
     config = Qwen3OmniMoeConfig(
         thinker_config=dict(
             text_config=text_cfg, audio_config=audio_cfg, vision_config=vision_cfg,
             initializer_range=text_cfg["initializer_range"], **THINKER_IDS,
         ),
-        enable_audio_output=False,
+        **({"talker_config": talker, "code2wav_config": TINY_CODE2WAV} if speech else {}),
+        enable_audio_output=speech,
     )
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    if speech:
+        _spread(model.talker, seed + 1, 0.25)
+        _spread(model.code2wav, seed + 2, 0.05)  # audio mostly inside the clamp
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(path)
