@@ -3,10 +3,15 @@
 Runs in its own venv (qwen-tts pins transformers 4.57.3); never imports mstar. Called by
 ``make_fixtures.py`` as ``python qwen_tts_reference.py CHECKPOINT CASES_JSON OUT.safetensors``.
 
-Per case (text, speaker, language, prompt layout), greedy on both samplers:
-the prompt token ids, the talker's prefill input embeddings, the talker's raw logits of
-every step, the code predictor's raw logits per residual group per frame, the codes and
-the decoded audio. Plus one decode of a random code sequence (the codec alone).
+Per case, greedy on both samplers: the prompt token ids, the talker's prefill input
+embeddings, the talker's raw logits of every step, the code predictor's raw logits per
+residual group per frame, the codes and the decoded audio. Plus one decode of a random code
+sequence (the codec alone). A case's ``mode`` picks the entry point: ``custom_voice``
+(speaker, optional ``instruct``), ``design`` (``instruct``) or ``clone`` (Base: a synthetic
+reference clip at ``ref_sr`` through ``create_voice_clone_prompt``, x_vector_only_mode
+without ``ref_text``, in-context mode with it; the clip is saved once per (rate, seconds,
+seed) as ``clip/{rate}_{seconds}_{seed}``, with the speaker embedding, the reference codes
+and the reference text ids).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
@@ -65,7 +71,7 @@ class Recorder:
 
 
 def _check_layout(model: torch.nn.Module, checkpoint: Path) -> None:
-    """The checkpoint's keys must be exactly the reference's (its codec encoder aside)."""
+    """The checkpoint's keys must be exactly the reference's (the codec encoder's only in Base)."""
     from safetensors import safe_open
 
     def keys(path: Path) -> set[str]:
@@ -74,11 +80,37 @@ def _check_layout(model: torch.nn.Module, checkpoint: Path) -> None:
 
     want = set(model.state_dict()) - {k for k in model.state_dict() if k.startswith("speech_tokenizer")}
     got = keys(checkpoint / "model.safetensors")
-    codec_want = {k for k in model.speech_tokenizer.model.state_dict() if k.startswith("decoder.")}
+    # The codec's encoder ships with (and is checked for) Base checkpoints only.
+    parts = ("decoder.", "encoder.") if model.tts_model_type == "base" else ("decoder.",)
+    codec_want = {k for k in model.speech_tokenizer.model.state_dict() if k.startswith(parts)}
     codec_got = keys(checkpoint / "speech_tokenizer" / "model.safetensors")
     for what, a, b in (("model.safetensors", got, want), ("speech_tokenizer/model.safetensors", codec_got, codec_want)):
         if a != b:
             raise SystemExit(f"{what}: layout differs from qwen-tts: extra {sorted(a - b)[:8]}, missing {sorted(b - a)[:8]}")
+
+
+def _reference_clip(seconds: float, rate: int, seed: int) -> np.ndarray:
+    """A voiced-ish synthetic clip: two partials with vibrato, plus a little noise."""
+    t = np.arange(int(seconds * rate)) / rate
+    rng = np.random.default_rng(seed)
+    wave = 0.3 * np.sin(2 * np.pi * (180 * t + 3 * np.sin(2 * np.pi * 5 * t))) + 0.1 * np.sin(2 * np.pi * 1250 * t)
+    return (wave + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
+
+
+def _clone(wrapper, case: dict, common: dict, out: dict) -> tuple:  # noqa: ANN001
+    """The Base path end to end: create_voice_clone_prompt on the clip (speaker encoder; in
+    in-context mode also the speech tokenizer's encoder and the transcript), then generate."""
+    name = case["name"]
+    clip = _reference_clip(case["ref_seconds"], case["ref_sr"], case["ref_seed"])
+    icl = bool(case.get("ref_text"))
+    item = wrapper.create_voice_clone_prompt(ref_audio=(clip, case["ref_sr"]), ref_text=case.get("ref_text"),
+                                             x_vector_only_mode=not icl)[0]
+    out[f"clip/{case['ref_sr']}_{case['ref_seconds']}_{case['ref_seed']}"] = torch.from_numpy(clip)  # shared by cases
+    out[f"{name}/speaker_embed"] = item.ref_spk_embedding.detach().float().clone()
+    if icl:
+        out[f"{name}/ref_codes"] = item.ref_code.to(torch.int64)
+        out[f"{name}/ref_ids"] = wrapper._tokenize_texts([wrapper._build_ref_text(case["ref_text"])])[0][0].to(torch.int64)
+    return wrapper.generate_voice_clone(voice_clone_prompt=[item], **common)
 
 
 def main(checkpoint: str, cases_path: str, out_path: str) -> None:
@@ -113,15 +145,17 @@ def main(checkpoint: str, cases_path: str, out_path: str) -> None:
         rec.__init__()
         codes_seen.clear()
         ids = wrapper._tokenize_texts([wrapper._build_assistant_text(case["text"])])[0]
-        wavs, sr = wrapper.generate_custom_voice(
-            text=case["text"],
-            speaker=case["speaker"],
-            language=case["language"],
-            non_streaming_mode=case["non_streaming_mode"],
-            do_sample=False,
-            subtalker_dosample=False,
-            max_new_tokens=case["max_new_tokens"],
-        )
+        common = {"text": case["text"], "language": case["language"], "non_streaming_mode": case["non_streaming_mode"],
+                  "do_sample": False, "subtalker_dosample": False, "max_new_tokens": case["max_new_tokens"]}
+        mode = case.get("mode", "custom_voice")
+        if mode == "custom_voice":
+            wavs, sr = wrapper.generate_custom_voice(speaker=case["speaker"], instruct=case.get("instruct"), **common)
+        elif mode == "design":
+            wavs, sr = wrapper.generate_voice_design(instruct=case["instruct"], **common)
+        else:
+            wavs, sr = _clone(wrapper, case, common, out)
+        if case.get("instruct"):
+            out[f"{name}/instruct_ids"] = wrapper._tokenize_texts([wrapper._build_instruct_text(case["instruct"])])[0][0].to(torch.int64)
         out[f"{name}/input_ids"] = ids[0].to(torch.int64)
         out[f"{name}/prefill_embeds"] = rec.prefill_embeds[0]
         out[f"{name}/talker_logits"] = torch.stack(rec.talker_logits)

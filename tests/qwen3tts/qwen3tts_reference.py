@@ -38,7 +38,8 @@ def load_reference(variant: str, tmp_root: Path) -> Reference:
         path = FIXTURES / f"{variant}.safetensors"
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads(f.metadata()["meta"])
-        ckpt = write_checkpoint(tmp_root / variant, preset=meta["preset"], seed=meta["seed"], overrides=meta["overrides"])
+        ckpt = write_checkpoint(tmp_root / variant, preset=meta["preset"], seed=meta["seed"], overrides=meta["overrides"],
+                                kind=meta.get("kind", "custom_voice"))
         for name, want in meta["digest"].items():
             got = tensors_digest(load_file(str(ckpt / name)))
             assert got == want, (

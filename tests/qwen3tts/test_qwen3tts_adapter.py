@@ -47,7 +47,7 @@ def test_speech_inputs(adapter, tiny_ckpt, fields, speaker, language, layout) ->
     ("fields", "param", "feature"),
     [
         ({"instructions": "whisper"}, "instructions", "instruct"),
-        ({"ref_audio": "clip.wav", "ref_text": "hi"}, "ref_audio", "voice clone"),
+        ({"ref_audio": "clip.wav", "ref_text": "hi"}, "ref_audio", "Base checkpoint"),
         ({"speed": 1.5}, "speed", "speed"),
         ({"voice": "alloy"}, "voice", "unknown speaker"),
         ({"language": "klingon"}, "language", "unknown language"),

@@ -19,9 +19,9 @@ needs a transcript: without one ``CloneEncoder.encode`` raises ``CloneError(para
     prompt = encoder.encode(wave, rate, ref_text="Hi there.", x_vector_only_mode=False)
     save_file(prompt.tensors(), path); ClonePrompt.from_tensors(load_file(path))
 
-Today ``encode`` computes ``speaker_embed`` and ``ref_text_ids``; in-context mode also
-needs the speech tokenizer's encoder (``codec_encoder``), and ``encode`` raises a
-``CloneError(param="x_vector_only_mode")`` where the checkpoint's encoder is not loaded.
+``CloneEncoder.from_checkpoint`` loads the speaker encoder, the speech tokenizer's encoder
+(``codec_encoder``, for ``ref_codes``) and the text tokenizer. Both encoders run on the
+reference audio resampled (soxr HQ, as librosa does for qwen-tts) to their 24 kHz.
 """
 
 from __future__ import annotations

@@ -6,6 +6,12 @@ the engine frees when the request leaves, so every chunk costs the same. Otherwi
 chunk arrives with left-context frames already decoded before and their audio is dropped.
 Either way, with the exact receptive field the chunks join to one whole decode.
 
+A voice-cloned request (Base, in-context mode) also carries its reference codes
+(``ref_codes``): as in qwen-tts, the generated frames are decoded after them and their audio
+is dropped. Stateful: the first chunk runs behind the reference codes; later chunks carry
+them in the state. Otherwise each chunk's left context is topped up with the last reference
+frames, up to ``left_context`` frames.
+
 Batching (stateful only): chunks of equal length from different requests share one decoder
 call, always at ``batch`` rows (padded with silent fresh streams), so a row's arithmetic is
 the same whatever else runs: a seeded request's audio stays byte-identical under load.
@@ -33,12 +39,13 @@ STATE_KEY = "codec_stream"
 
 
 class CodecNode(NodeSubmodule):
-    def __init__(self, cfg: CodecConfig, stateful: bool = True, batch: int = 1) -> None:
+    def __init__(self, cfg: CodecConfig, stateful: bool = True, batch: int = 1, left_context: int = 0) -> None:
         super().__init__()
         if batch < 1:
             raise ValueError(f"codec batch must be >= 1, got {batch}")
         self.cfg = cfg
         self.stateful = stateful
+        self.left_context = left_context
         self.batch = batch if stateful else 1
         self.decoder = CodecDecoder(cfg)
 
@@ -57,13 +64,24 @@ class CodecNode(NodeSubmodule):
         context = int(signals["code_context"]) if "code_context" in signals else 0
         if self.stateful and context:
             raise ValueError("a stateful codec takes chunks without left context")
-        return NodeInputs(tensor_inputs={"codes": codes}, kwargs={"context": context}, input_seq_len=codes.shape[0])
+        ref = signals.get("ref_codes")
+        ref = codes.new_zeros(0, self.cfg.num_quantizers) if ref is None else ref.reshape(-1, self.cfg.num_quantizers).to(torch.long)
+        if ref.numel() and (int(ref.min()) < 0 or int(ref.max()) >= self.cfg.codebook_size):
+            raise ValueError(f"ref_codes must lie in [0, {self.cfg.codebook_size})")
+        if not self.stateful:
+            # Re-decoded context: the stream's own frames first, then reference frames before them.
+            extra = min(ref.shape[0], max(0, self.left_context - context))
+            if extra:
+                codes, context = torch.cat([ref[ref.shape[0] - extra :], codes]), context + extra
+            ref = ref[:0]
+        return NodeInputs(tensor_inputs={"codes": codes, "ref": ref}, kwargs={"context": context}, input_seq_len=codes.shape[0])
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]) -> dict[str, Any]:
         device = self.decoder.pre_conv.conv.weight.device
         return {
             "codes": [i.tensor_inputs["codes"].to(device) for i in inputs],
             "contexts": [i.kwargs["context"] for i in inputs],
+            "refs": [i.tensor_inputs["ref"].to(device) for i in inputs],
         }
 
     def decode(self, codes: torch.Tensor, context: int = 0) -> torch.Tensor:
@@ -99,7 +117,8 @@ class CodecNode(NodeSubmodule):
         return audio, advanced
 
     def forward_batched(
-        self, graph_walk: str, engine_inputs: ModelInputsFromEngine, codes: list[torch.Tensor], contexts: list[int]
+        self, graph_walk: str, engine_inputs: ModelInputsFromEngine, codes: list[torch.Tensor], contexts: list[int],
+        refs: list[torch.Tensor] | None = None,
     ) -> BatchedModelOutput:
         rids = engine_inputs.request_ids
         if not self.stateful:
@@ -107,7 +126,12 @@ class CodecNode(NodeSubmodule):
                 per_rid_outputs={rid: {"audio": self.decode(c, ctx)} for rid, c, ctx in zip(rids, codes, contexts, strict=True)}
             )
         stores = [engine_inputs.per_request_states[rid] for rid in rids]
-        audio, states = self.decode_chunks(codes, [store.get(STATE_KEY) or StreamState() for store in stores])
+        olds = [store.get(STATE_KEY) for store in stores]
+        # A fresh stream of a cloned voice decodes its reference frames first (audio dropped).
+        skips = [ref.shape[0] if old is None and refs is not None else 0 for old, ref in zip(olds, refs or [None] * len(rids), strict=True)]
+        chunks = [torch.cat([refs[i], c]) if skips[i] else c for i, c in enumerate(codes)]  # type: ignore[index]
+        audio, states = self.decode_chunks(chunks, [old or StreamState() for old in olds])
         for store, state in zip(stores, states, strict=True):
             store.add(STATE_KEY, state)
-        return BatchedModelOutput(per_rid_outputs={rid: {"audio": a} for rid, a in zip(rids, audio, strict=True)})
+        spf = self.decoder.samples_per_frame
+        return BatchedModelOutput(per_rid_outputs={rid: {"audio": a[n * spf :]} for rid, a, n in zip(rids, audio, skips, strict=True)})

@@ -38,7 +38,7 @@ def build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: str
     batch = cfg.streaming.codec_batch
     if batch is None:  # a padded batch is nearly free on a GPU, not on a CPU
         batch = 8 if torch.device(device).type == "cuda" else 1
-    node = CodecNode(cfg.codec, stateful=cfg.streaming.stateful, batch=batch)
+    node = CodecNode(cfg.codec, stateful=cfg.streaming.stateful, batch=batch, left_context=cfg.streaming.left_context)
     if checkpoint_dir is not None:
         load_codec(node, checkpoint_dir)
     return node.to(device)

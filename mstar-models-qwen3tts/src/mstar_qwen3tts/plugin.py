@@ -16,40 +16,54 @@ from mstar.graph import GraphSpec, LeftContextChunks, Signal
 from mstar.graph.shapes import prefill_decode_mixing, streaming_lm_graph
 from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig, lazy
 
-from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
+from mstar_qwen3tts.config import BASE, CUSTOM_VOICE, Qwen3TTSConfig, load_config
 from mstar_qwen3tts.factories import typed
 
 REQUEST_INPUTS = ("text_ids", "codec_ids", "trailing_ids")
+# Base checkpoints also take the clone prompt: the x-vector and the reference codes (the
+# codec decodes the generated frames after them, as qwen-tts does, and drops their audio).
+CLONE_INPUTS = ("speaker_embed", "ref_codes")
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
-    s = typed(config).streaming
+    cfg = typed(config)
+    s = cfg.streaming
+    clone = cfg.tts_model_type == BASE
     return streaming_lm_graph(
         lm="talker",
         decoder="codec",
-        request_inputs=REQUEST_INPUTS,
+        request_inputs=REQUEST_INPUTS + (CLONE_INPUTS if clone else ()),
         step_inputs=("next_embed", "trailing_ids"),
         lm_outputs=("codes", "next_embed"),
         stream="codes",
         # A stateful codec carries its own past: chunks need no left context.
         chunk_policy=LeftContextChunks(s.chunk, 0 if s.stateful else s.left_context, s.first_chunk),
-        chunk_inputs=("code_chunk", "code_context"),
+        chunk_inputs=("code_chunk", "code_context", *(("ref_codes",) if clone else ())),
         signals={"codes": Signal("codes", to_client=True), "next_embed": Signal("next_embed", persist=True)},
     )
 
 
 def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """One request per prompt layout: together they run prefill, decode and vocode."""
-    from mstar_qwen3tts.prompt import build_prompt
+    """One request per prompt layout (and, for Base, per clone mode): together they run
+    prefill, decode and vocode."""
+    import torch
+
+    from mstar_qwen3tts.prompt import build_clone_prompt, build_prompt
 
     cfg = typed(config)
     ids = _example_token_ids(cfg)
-    speaker = cfg.speakers[0]
     sampling = {"talker": {"main": {"temperature": 0, "max_tokens": 4}, "aux": {"code_predictor": {"temperature": 0}}}}
-    return [
-        {"inputs": build_prompt(cfg, ids, speaker, "auto", layout).inputs(), "sampling": sampling}
-        for layout in (True, False)
-    ]
+    if cfg.tts_model_type == BASE:
+        spk = torch.linspace(-1, 1, cfg.talker.hidden_size)
+        groups = cfg.talker.num_code_groups
+        ref = torch.arange(3 * groups).reshape(3, groups) % cfg.codec.codebook_size
+        prompts = [build_clone_prompt(cfg, ids, spk, codes, text, "auto", layout)
+                   for codes, text in ((ref, [1, 2]), (ref[:0], [])) for layout in (True, False)]
+    else:
+        speaker = cfg.speakers[0] if cfg.tts_model_type == CUSTOM_VOICE else None
+        instruct = [cfg.im_start_token_id, 3, 4, cfg.im_end_token_id, 2] if cfg.supports_instructions else None
+        prompts = [build_prompt(cfg, ids, speaker, "auto", layout, instruct) for layout in (True, False)]
+    return [{"inputs": p.inputs(), "sampling": sampling} for p in prompts]
 
 
 def _example_token_ids(cfg: Qwen3TTSConfig) -> list[int]:

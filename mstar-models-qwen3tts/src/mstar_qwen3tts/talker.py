@@ -31,7 +31,9 @@ from mstar_qwen3tts.layers import RMSNorm, rope_cos_sin
 from mstar_qwen3tts.transformer import DecoderLayer
 
 PIECEWISE_LABEL = "code_predictor"
-NO_CODEC = -1  # a prompt position that carries text only (the role tokens)
+# codec_ids markers (mstar_qwen3tts.prompt): text only; the cloned speaker's x-vector; the
+# next reference frame.
+NO_CODEC, SPEAKER_SLOT, REF_FRAME = -1, -2, -3
 
 
 class TalkerModel(nn.Module):
@@ -82,7 +84,8 @@ class Talker(ARNodeSubmodule):
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
         trailing = signals["trailing_ids"].reshape(-1)
         if info.walk == "prefill":
-            embeds = self.prompt_embeds(signals["text_ids"], signals["codec_ids"], trailing)
+            embeds = self.prompt_embeds(signals["text_ids"], signals["codec_ids"], trailing,
+                                        signals.get("speaker_embed"), signals.get("ref_codes"))
         else:
             embeds = signals["next_embed"].reshape(1, -1)
         # The text fed with the *next* step: the trailing text one token per frame, then pad.
@@ -90,8 +93,12 @@ class Talker(ARNodeSubmodule):
         next_text = int(trailing[k]) if k < trailing.numel() else self.tts_pad_id
         return ARNodeInputs(input_embeds=embeds, input_seq_len=embeds.shape[0], kwargs={"next_text_id": next_text})
 
-    def prompt_embeds(self, text_ids: torch.Tensor, codec_ids: torch.Tensor, trailing_ids: torch.Tensor) -> torch.Tensor:
-        """Prefill embeddings: projected text plus codec embeddings, position by position."""
+    def prompt_embeds(
+        self, text_ids: torch.Tensor, codec_ids: torch.Tensor, trailing_ids: torch.Tensor,
+        speaker_embed: torch.Tensor | None = None, ref_codes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Prefill embeddings: projected text plus the codec part, position by position (a
+        codec id, nothing, the speaker's x-vector, or a reference frame's summed codes)."""
         text_ids, codec_ids = text_ids.reshape(-1).to(torch.long), codec_ids.reshape(-1).to(torch.long)
         if text_ids.numel() == 0 or text_ids.shape != codec_ids.shape:
             raise ValueError(
@@ -99,13 +106,38 @@ class Talker(ARNodeSubmodule):
                 f"and {tuple(codec_ids.shape)}"
             )
         _check_range("text_ids and trailing_ids", torch.cat([text_ids, trailing_ids.to(torch.long)]), 0, self.cfg.text_vocab_size)
-        _check_range("codec_ids", codec_ids, NO_CODEC, self.cfg.vocab_size)
+        _check_range("codec_ids", codec_ids, REF_FRAME, self.cfg.vocab_size)
         device = self.codec_head.weight.device
         with torch.inference_mode():
             text_ids, codec_ids = text_ids.to(device), codec_ids.to(device)
             codec = self.model.codec_embedding(codec_ids.clamp(min=0))
             codec = codec * (codec_ids >= 0).unsqueeze(-1).to(codec.dtype)
+            slots = (codec_ids == SPEAKER_SLOT).nonzero().flatten()
+            if slots.numel():
+                if speaker_embed is None or speaker_embed.numel() != self.cfg.hidden_size:
+                    raise ValueError(f"a speaker slot needs speaker_embed of {self.cfg.hidden_size} values")
+                codec[slots] = speaker_embed.reshape(1, -1).to(device=device, dtype=codec.dtype)
+            frames = (codec_ids == REF_FRAME).nonzero().flatten()
+            if frames.numel():
+                codec[frames] = self.frame_embeds(self._checked_ref_codes(ref_codes, frames.numel()).to(device)).to(codec.dtype)
             return self.text_embeds(text_ids) + codec
+
+    def frame_embeds(self, codes: torch.Tensor) -> torch.Tensor:
+        """Frames [T, G] → their summed code embeddings [T, hidden] (the first group by the
+        talker's table, the residual groups by the code predictor's)."""
+        out = self.model.codec_embedding(codes[:, 0])
+        for g, table in enumerate(self.code_predictor.model.codec_embedding, start=1):
+            out = out + table(codes[:, g])
+        return out
+
+    def _checked_ref_codes(self, ref_codes: torch.Tensor | None, frames: int) -> torch.Tensor:
+        groups = self.cfg.num_code_groups
+        if ref_codes is None or ref_codes.dim() != 2 or tuple(ref_codes.shape) != (frames, groups):
+            got = None if ref_codes is None else tuple(ref_codes.shape)
+            raise ValueError(f"{frames} reference-frame positions need ref_codes of shape ({frames}, {groups}), got {got}")
+        ref_codes = ref_codes.to(torch.long)
+        _check_range("ref_codes", ref_codes, 0, self.cfg.predictor.vocab_size)  # type: ignore[union-attr]
+        return ref_codes
 
     def text_embeds(self, ids: torch.Tensor) -> torch.Tensor:
         return self.text_projection(self.model.text_embedding(ids))

@@ -166,7 +166,8 @@ def _configs(preset: Mapping[str, Any], special_ids: Mapping[str, int], kind: st
         },
         # Read by the reference only (its encoder serves voice cloning); kept tiny.
         "encoder_config": {
-            "audio_channels": 1, "codebook_dim": 16, "codebook_size": codebook, "frame_rate": 12.5,
+            "audio_channels": 1, "codebook_dim": 16, "vector_quantization_hidden_dimension": 16,
+            "codebook_size": codebook, "frame_rate": 12.5,
             "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
             "head_dim": 8, "num_filters": 4, "num_hidden_layers": 1, "num_quantizers": 2 * groups,
             "num_semantic_quantizers": 1, "num_residual_layers": 1, "upsampling_ratios": [8, 6, 5, 4], "upsample_groups": 16,
@@ -245,6 +246,13 @@ def _normalize_output(cfg: Any, decoder: dict[str, torch.Tensor], target_std: fl
         decoder[key] = decoder[key] * scale
 
 
+def _codec_encoder(codec: Mapping[str, Any]) -> Any:
+    from mstar_qwen3tts.codec_encoder import CodecEncoder, EncoderConfig
+
+    return CodecEncoder(EncoderConfig.from_dict(codec["encoder_config"]), codec["encoder_valid_num_quantizers"],
+                        codec["encode_downsample_rate"])
+
+
 def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     """A digest of names, shapes and bytes (independent of the file's header layout)."""
     h = hashlib.sha256()
@@ -289,6 +297,8 @@ def write_checkpoint(
         from mstar_qwen3tts.speaker_encoder import SpeakerEncoder
 
         weights |= {f"speaker_encoder.{k}": v for k, v in _randomize(SpeakerEncoder(cfg.speaker_encoder).state_dict(), gen).items()}
+        # The codec's encoder (audio → codes) serves in-context cloning only: Base checkpoints.
+        decoder |= {f"encoder.{k}": v for k, v in _randomize(_codec_encoder(codec).state_dict(), gen).items()}
     save_file(weights, str(path / "model.safetensors"))
     save_file(decoder, str(path / "speech_tokenizer" / "model.safetensors"))
     return path

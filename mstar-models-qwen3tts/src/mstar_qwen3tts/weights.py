@@ -2,7 +2,7 @@
 
 ``model.safetensors`` holds ``talker.*`` and, in Base checkpoints, ``speaker_encoder.*``;
 ``speech_tokenizer/model.safetensors`` holds ``decoder.*`` and the audio encoder's
-``encoder.*``, which serves voice cloning (not implemented) and is skipped by name. Any
+``encoder.*`` (in-context voice cloning; ``load_codec_encoder``), each skipped by the other's loader. Any
 other missing or unexpected key, or a shape that differs, is one error listing them all.
 """
 
@@ -61,6 +61,11 @@ def load_talker(module: nn.Module, checkpoint_dir: Path, base: bool = False) -> 
 def load_speaker_encoder(module: nn.Module, checkpoint_dir: Path) -> None:
     _load_strict(module, Path(checkpoint_dir) / TALKER_FILE, keep="speaker_encoder.", strip="speaker_encoder.",
                  skip=("talker.",))
+
+
+def load_codec_encoder(module: nn.Module, checkpoint_dir: Path) -> None:
+    """The speech tokenizer's encoder (``encoder.*``; the decoder's keys are skipped)."""
+    _load_strict(module, Path(checkpoint_dir) / CODEC_FILE, keep="encoder.", strip="encoder.", skip=("decoder.",))
 
 
 def load_codec(module: nn.Module, checkpoint_dir: Path) -> None:
