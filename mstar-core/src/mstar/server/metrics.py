@@ -29,12 +29,14 @@ class MetricFamilies:
         self.requests = Counter("mstar_requests", "HTTP requests by endpoint and status code", [*m, "endpoint", "status"], registry=r)
         self.queue_depth = Gauge("mstar_queue_depth", "Requests waiting: for admission in the API process plus in the engines' queues", m, registry=r)
         self.running = Gauge("mstar_running_requests", "Requests admitted and in the engines", m, registry=r)
-        e = [*m, "engine"]
+        # Per engine process: ``engine`` is its placement group, ``replica`` its index there.
+        e = [*m, "engine", "replica"]
         self.batch_size = Gauge("mstar_running_batch_size", "Rows in the engine's latest forward", e, registry=r)
         self.kv_used = Gauge("mstar_kv_blocks_used", "KV-cache blocks in use", [*e, "node"], registry=r)
         self.kv_total = Gauge("mstar_kv_blocks_total", "KV-cache blocks in the pool", [*e, "node"], registry=r)
         self.preemptions = Gauge("mstar_engine_preemptions", "Requests preempted (KV cache taken back) since the engine started", e, registry=r)
         self.engine_up = Gauge("mstar_engine_up", "1 while the engine process is alive", e, registry=r)
+        self.engine_requests = Gauge("mstar_engine_requests", "Requests the engine process took in since it started", e, registry=r)
         self.ttft = Histogram("mstar_time_to_first_token_seconds", "Arrival to first text token", m, buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("mstar_inter_token_latency_seconds", "Time between text deltas", m, buckets=_LATENCY_BUCKETS, registry=r)
         self.ttfa = Histogram("mstar_time_to_first_audio_seconds", "Arrival to first audio chunk", m, buckets=_LATENCY_BUCKETS, registry=r)
@@ -77,6 +79,7 @@ class ServerMetrics:
         self.kv_total = _ForModel(f.kv_total, model)
         self.preemptions = _ForModel(f.preemptions, model)
         self.engine_up = _ForModel(f.engine_up, model)
+        self.engine_requests = _ForModel(f.engine_requests, model)
         self.ttft = f.ttft.labels(model)
         self.itl = f.itl.labels(model)
         self.ttfa = f.ttfa.labels(model)
@@ -86,13 +89,15 @@ class ServerMetrics:
         self._engine_waiting: dict[str, int] = {}
         self._api_waiting = 0
 
-    def engine_stats(self, engine: str, stats: EngineStats) -> None:
-        self.batch_size.labels(engine).set(stats.batch_size)
-        self.preemptions.labels(engine).set(stats.preemptions)
+    def engine_stats(self, engine: str, replica: str, stats: EngineStats) -> None:
+        """``engine``: the process's placement group; ``replica``: its index there."""
+        self.batch_size.labels(engine, replica).set(stats.batch_size)
+        self.preemptions.labels(engine, replica).set(stats.preemptions)
+        self.engine_requests.labels(engine, replica).set(stats.requests)
         for kv in stats.kv:
-            self.kv_used.labels(engine, kv.node).set(kv.used_blocks)
-            self.kv_total.labels(engine, kv.node).set(kv.total_blocks)
-        self._engine_waiting[engine] = stats.waiting
+            self.kv_used.labels(engine, replica, kv.node).set(kv.used_blocks)
+            self.kv_total.labels(engine, replica, kv.node).set(kv.total_blocks)
+        self._engine_waiting[f"{engine}/{replica}"] = stats.waiting
         self._update_queue()
 
     def api_waiting(self, n: int) -> None:

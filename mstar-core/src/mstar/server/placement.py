@@ -5,10 +5,15 @@ YAML form::
     groups:
       talker: {device: cuda:1, nodes: [talker, code2wav]}
       thinker: {device: cuda:0, nodes: [thinker]}
+      encoders: {devices: [cuda:0, cuda:1], nodes: [audio_encoder]}  # two replicas
 
 Without a file the model spec's ``default_placement`` (node -> group) is used. A walk
 partition must sit whole in one group (an engine runs only partitions whose nodes are all
 local); streaming edges between partitions may cross groups.
+
+A group may run as several replicas (``replicas: N``, all on ``device``, or ``devices``: one
+device per replica): N engine processes with the same nodes. Each request runs in one
+replica of each group it needs, picked when it is submitted (``mstar.server.replicas``).
 """
 
 from __future__ import annotations
@@ -31,14 +36,49 @@ class DeviceGroup:
     name: str
     device: str
     nodes: tuple[str, ...]
+    replicas: int = 1
+    devices: tuple[str, ...] = ()  # one per replica; empty: every replica on ``device``
     # Ray backend: the resource request of each engine of the group, and a node's IP.
     resources: tuple[tuple[str, float], ...] = ()
     node: str | None = None
+
+    def replica_devices(self) -> tuple[str, ...]:
+        return self.devices or (self.device,) * self.replicas
+
+    def engine_names(self) -> tuple[str, ...]:
+        """The engine process names: the group's own name when it has one replica, else
+        ``name/0``, ``name/1``, ..."""
+        if self.replicas == 1:
+            return (self.name,)
+        return tuple(f"{self.name}/{i}" for i in range(self.replicas))
+
+
+@dataclass(frozen=True)
+class EngineSlot:
+    """One engine process of a placement: replica ``replica`` of group ``group``."""
+
+    name: str
+    group: str
+    replica: int
+    device: str
+    nodes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Placement:
     groups: tuple[DeviceGroup, ...]
+
+    def engine_slots(self) -> tuple[EngineSlot, ...]:
+        """Every engine process, group by group, replicas in order."""
+        return tuple(
+            EngineSlot(name, g.name, i, device, g.nodes)
+            for g in self.groups
+            for i, (name, device) in enumerate(zip(g.engine_names(), g.replica_devices(), strict=True))
+        )
+
+    def group_engines(self) -> dict[str, tuple[str, ...]]:
+        """Group -> its engine process names (one per replica)."""
+        return {g.name: g.engine_names() for g in self.groups}
 
     def group_of_node(self, node: str) -> str:
         return next(g.name for g in self.groups if node in g.nodes)
@@ -82,6 +122,27 @@ def placement_from_mapping(node_to_group: dict[str, str], device: str) -> Placem
     return Placement(tuple(DeviceGroup(g, default_device_for(g, device), tuple(n)) for g, n in groups.items()))
 
 
+_GROUP_KEYS = ("device", "devices", "nodes", "replicas")
+
+
+def _replicas(name: str, body: dict[str, Any], source: str) -> tuple[str, int, tuple[str, ...]]:
+    """(device, replicas, per-replica devices) of one group's YAML body."""
+    devices = body.get("devices")
+    if devices is not None:
+        if "device" in body:
+            raise PlacementError(f"{source}: group {name!r}: give 'device' (every replica) or 'devices' (one per replica), not both")
+        if not isinstance(devices, list) or not devices or not all(isinstance(d, str) for d in devices):
+            raise PlacementError(f"{source}: group {name!r}: 'devices' must be a non-empty list of device names")
+    replicas = body.get("replicas", len(devices) if devices else 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise PlacementError(f"{source}: group {name!r}: 'replicas' must be an integer >= 1, got {replicas!r}")
+    if devices is None:
+        return str(body.get("device", "cpu")), replicas, ()
+    if len(devices) != replicas:
+        raise PlacementError(f"{source}: group {name!r}: 'devices' lists {len(devices)} device(s) for {replicas} replica(s); give one per replica")
+    return devices[0], replicas, tuple(devices)
+
+
 def parse_placement(data: Any, source: str = "placement") -> Placement:
     """Groups with their optional Ray keys (``resources``, ``node``; ``mstar.server.placement_location``)."""
     from mstar.server.placement_location import with_locations
@@ -96,14 +157,20 @@ def _parse_groups(data: Any, source: str) -> Placement:
     for name, body in data["groups"].items():
         if not isinstance(body, dict):
             raise PlacementError(f"{source}: group {name!r} must be a mapping with 'device' and 'nodes'")
-        unknown = set(body) - {"device", "nodes"}
+        unknown = set(body) - set(_GROUP_KEYS)
         if unknown:
-            raise PlacementError(f"{source}: group {name!r} has unknown key(s) {sorted(unknown)}; allowed: device, nodes")
+            raise PlacementError(f"{source}: group {name!r} has unknown key(s) {sorted(unknown)}; allowed: {', '.join(_GROUP_KEYS)}")
         nodes = body.get("nodes")
         if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
             raise PlacementError(f"{source}: group {name!r} needs 'nodes': a non-empty list of node names")
-        groups.append(DeviceGroup(str(name), str(body.get("device", "cpu")), tuple(nodes)))
-    return Placement(tuple(groups))
+        device, replicas, devices = _replicas(str(name), body, source)
+        groups.append(DeviceGroup(str(name), device, tuple(nodes), replicas, devices))
+    placement = Placement(tuple(groups))
+    names = [slot.name for slot in placement.engine_slots()]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise PlacementError(f"{source}: engine name(s) {clash} are used twice (a replica of group G is named G/i); rename a group")
+    return placement
 
 
 def load_placement(path: str | Path | None, default: dict[str, str], device: str) -> Placement:

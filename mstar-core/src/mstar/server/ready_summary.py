@@ -23,7 +23,8 @@ def ready_summary(runtime: Any, url: str) -> str:
     names = sorted(runtime.served_names() - {runtime.model_name})
     model = f"{runtime.model_name}" + (f" (also {', '.join(names)})" if names else "")
     groups = "; ".join(
-        f"{g.name}: {', '.join(g.nodes)} on {g.device}" for g in runtime.placement.groups
+        f"{g.name}: {', '.join(g.nodes)} on {', '.join(g.replica_devices())}" + (f" ({g.replicas} replicas)" if g.replicas > 1 else "")
+        for g in runtime.placement.groups
     )
     kv = ", ".join(f"{node} {tokens:,} tokens" for node, tokens in kv_capacity_tokens(runtime).items()) or "none"
     return (

@@ -29,6 +29,7 @@ from mstar.server.messages import Events, Fatal, Ready, Stats, report_decoder
 from mstar.server.metrics import MetricFamilies, ServerMetrics
 from mstar.server.placement import Placement, load_placement, request_engines, validate_placement
 from mstar.server.preprocess import PreprocessPool, load_adapter
+from mstar.server.replicas import hook_policy
 from mstar.server.router import Finished, Router
 from mstar.server.startup_progress import StartupProgress
 from mstar.server.supervisor import Supervisor
@@ -90,7 +91,9 @@ class ServerRuntime:
         self.router = Router(
             self.engines, self.placement.stream_routes(self.graph), self.codec, config.max_stream_buffer_bytes,
             engines_for=request_engines(self.graph, self.placement),
+            replicas=self.placement.group_engines(), policy=hook_policy(self.loaded.hook, self.spec.name),
         )
+        self._slots = {slot.name: slot for slot in self.placement.engine_slots()}
         self._reports: Any = None
         self._receiver: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None
@@ -111,11 +114,14 @@ class ServerRuntime:
 
     @property
     def healthy(self) -> bool:
-        return self.started and not self.draining and all(e.serving for e in self.engines.values())
+        """Started, not draining, and every group has a serving engine (a replicated group
+        serves on while one replica is down or restarting)."""
+        groups = self.placement.group_engines().values()
+        return self.started and not self.draining and all(any(self.engines[n].serving for n in names) for names in groups)
 
     def status(self) -> str:
         if self.healthy:
-            return "ok"
+            return "ok" if all(e.serving for e in self.engines.values()) else "replica_down"
         if self.draining:
             return "draining"
         return "restarting" if self.supervisor.pending() else "unhealthy"
@@ -137,6 +143,8 @@ class ServerRuntime:
                     "nodes": list(e.nodes),
                     "device": e.spec.device,
                     **e.describe(),
+                    "group": self._slots[name].group,
+                    "replica": self._slots[name].replica,
                     **({"error": e.down_reason} if e.down_reason else {}),
                     **self.supervisor.describe(name),
                 }
@@ -154,8 +162,8 @@ class ServerRuntime:
         report_addr = self._reports.getsockopt_string(zmq.LAST_ENDPOINT)  # a wildcard port resolved
         self._ready = loop.create_future()
         self._report_addr = report_addr
-        for group in self.placement.groups:
-            self.engines[group.name] = self._new_handle(group.name)
+        for name in self._slots:
+            self.engines[name] = self._new_handle(name)
         self._receiver = asyncio.create_task(self._receive_loop())
         self.preprocess.start()
         for engine in self.engines.values():
@@ -175,17 +183,18 @@ class ServerRuntime:
         self.started = True
 
     def _new_handle(self, name: str) -> EngineHandle:
-        """A handle on a new process of group ``name`` (each generation binds its own
-        command socket, so nothing sent to a dead one reaches its successor)."""
-        index = [g.name for g in self.placement.groups].index(name)
-        group = self.placement.groups[index]
+        """A handle on a new process of engine ``name`` (a group, or one replica of a group;
+        each generation binds its own command socket, so nothing sent to a dead one reaches
+        its successor)."""
+        index = list(self._slots).index(name)
+        slot = self._slots[name]
         generation = self.supervisor.restarts(name)
         spec = EngineProcessSpec(
-            name=group.name,
+            name=slot.name,
             model=self.spec.name,
             checkpoint_dir=str(self.checkpoint_dir),
-            nodes=list(group.nodes),
-            device=group.device,
+            nodes=list(slot.nodes),
+            device=slot.device,
             command_addr=self.backend.command_address(self.ipc_dir, index, generation),
             report_addr=self._report_addr,
             shm_prefix=self.shm_prefix,
@@ -216,7 +225,7 @@ class ServerRuntime:
         engine.reap()
         reason = engine.down_reason or f"process {engine.exit_description()}"
         engine.mark_down(reason)
-        self.metrics.engine_up.labels(engine.name).set(0)
+        self.metrics.engine_up.labels(*self._labels(engine.name)).set(0)
         if not self._closing:
             log.error("engine %s %s; failing its requests", engine.name, reason)
         self.router.engine_down(engine.name, reason)
@@ -269,7 +278,7 @@ class ServerRuntime:
         engine = self.engines[report.engine]
         engine.ready = True
         self._engine_stats(report.engine, report.stats)  # metrics now describe this process
-        self.metrics.engine_up.labels(report.engine).set(1)
+        self.metrics.engine_up.labels(*self._labels(report.engine)).set(1)
         self.supervisor.ready(report.engine)
         log.info("engine %s ready (pid %s)", report.engine, report.pid)
         if self._progress is not None:
@@ -281,7 +290,12 @@ class ServerRuntime:
         engine = self.engines.get(name)
         if engine is not None:
             engine.stats = stats
-        self.metrics.engine_stats(name, stats)
+        self.metrics.engine_stats(*self._labels(name), stats)
+
+    def _labels(self, name: str) -> tuple[str, str]:
+        """An engine's metric labels: (engine: its group, replica: its index there)."""
+        slot = self._slots[name]
+        return slot.group, str(slot.replica)
 
     def _admission_changed(self, running: int, waiting: int) -> None:
         self.metrics.running.set(running)
