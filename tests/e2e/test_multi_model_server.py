@@ -65,6 +65,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, home: Path, toy_checkpoint:
     config.write_text(
         "models:\n"
         f"  - model: toy\n    weights: {toy_checkpoint}\n    served_model_names: [chat, toy]\n    max_concurrency: 1\n    max_queue: 1\n"
+        "    sampling: {temperature: 0, max_tokens: 5}\n"
         f"  - model: orpheus\n    weights: {orpheus_ckpt}\n"
         "  - model: qwen3tts\n    random_weights: true\n"
     )
@@ -147,6 +148,12 @@ def test_models_lists_every_model_with_aliases(server: ServerProcess, http: http
     assert [m["model"] for m in http.get("/version").json()["models"]] == SERVED
     health = http.get("/health").json()
     assert health["status"] == "ok" and list(health["models"]) == SERVED
+    # The ready line names every model, then one line each (placement, KV capacity).
+    log = server.log_path.read_text(errors="replace").splitlines()
+    at = next(i for i, line in enumerate(log) if line.startswith("mstar serve ready:"))
+    assert log[at] == f"mstar serve ready: 3 models chat, orpheus, qwen3tts | {server.url}", log[at]
+    for line, name in zip(log[at + 1:at + 4], SERVED, strict=True):
+        assert line.startswith(f"  model {name} ") and "placement 0:" in line and "KV capacity" in line, line
 
 
 def test_unknown_model_is_a_404_listing_the_served_names(http: httpx.Client) -> None:
@@ -206,6 +213,17 @@ def test_each_model_has_its_own_admission(http: httpx.Client, concurrent: list[A
     assert all(r.json()["error"]["code"] == "queue_full" for r in toy if r.status_code == 429)
     assert len({json.dumps(r.json()["choices"]) for r in toy if r.status_code == 200}) == 1  # seeded
     assert [r.status_code for r in tts] == [200] * 3 and all(r.content == concurrent[4] for r in tts)
+
+
+def test_sampling_defaults_from_the_models_file(http: httpx.Client) -> None:
+    # toy's entry: sampling {temperature: 0, max_tokens: 5}. Unseeded requests without
+    # their own values are greedy and 5 tokens long; a request's own values win.
+    body = {"model": "chat", "messages": [{"role": "user", "content": "Defaults, please"}]}
+    first, again = http.post("/v1/chat/completions", json=body).json(), http.post("/v1/chat/completions", json=body).json()
+    assert first["usage"]["completion_tokens"] == 5 and first["choices"][0]["finish_reason"] == "length", first
+    assert first["choices"] == again["choices"] and first["seed"] != again["seed"]  # greedy: the seed does not matter
+    own = http.post("/v1/chat/completions", json={**body, "max_tokens": 3}).json()
+    assert own["usage"]["completion_tokens"] == 3
 
 
 def test_ws_speech_routes_by_model(server: ServerProcess, concurrent: list[Any]) -> None:

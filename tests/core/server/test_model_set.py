@@ -13,7 +13,13 @@ from mstar.api.errors import ApiError
 from mstar.cli.serve import serve
 from mstar.server.config import ServerConfig
 from mstar.server.metrics import MODEL_SCOPE_KEY, MetricFamilies, ServerMetrics
-from mstar.server.model_configs import ModelEntry, from_option, load_models_file, model_configs
+from mstar.server.model_configs import (
+    ModelEntry,
+    from_option,
+    load_models_file,
+    model_configs,
+    with_sampling_defaults,
+)
 from mstar.server.model_set import ModelSet
 
 
@@ -32,7 +38,7 @@ def test_models_file(tmp_path: Path) -> None:
     path.write_text(
         "models:\n"
         "  - model: toy\n    random_weights: true\n    served_model_names: chat\n    placement: toy.yaml\n    max_concurrency: 2\n"
-        "  - model: orpheus\n    weights: /ckpt/orpheus\n    engine_options: {block_size: 32}\n"
+        "  - model: orpheus\n    weights: /ckpt/orpheus\n    engine_options: {block_size: 32}\n    sampling: {temperature: 0.5}\n"
     )
     toy, orpheus = load_models_file(path)
     assert toy.served_model_names == ["chat"] and toy.placement == str(tmp_path / "toy.yaml")
@@ -41,6 +47,7 @@ def test_models_file(tmp_path: Path) -> None:
     assert (c_toy.model, c_toy.random_weights, c_toy.max_concurrency, c_toy.port) == ("toy", True, 2, 9000)
     assert (c_orpheus.weights, c_orpheus.max_concurrency) == ("/ckpt/orpheus", 64)
     assert c_orpheus.engine_options == {"kv_budget_bytes": 1 << 20, "block_size": 32}
+    assert c_orpheus.sampling_defaults == {"temperature": 0.5} and c_toy.sampling_defaults == {}
     assert base.engine_options == {"kv_budget_bytes": 1 << 20}  # not shared with the copies
 
 
@@ -122,3 +129,23 @@ def test_metrics_of_two_models_share_one_registry() -> None:
     assert 'mstar_running_requests{model="a"} 2.0' in text and 'mstar_running_requests{model="b"} 0.0' in text
     assert 'mstar_request_finish_total{model="b",reason="stop"} 1.0' in text
     assert 'mstar_requests_total{endpoint="/health",model="",status="200"} 1.0' in text
+
+
+def test_sampling_defaults_of_a_models_file_entry() -> None:
+    from mstar.model.spec import NodeSamplers
+    from mstar.sampling.params import SamplingParams
+    from mstar.sampling.resolve import resolve_node
+
+    decls = {"lm": NodeSamplers(vocab_size=10, main=SamplingParams(), aux={"res": SamplingParams(top_k=5)})}
+    out = with_sampling_defaults(decls, None, {"temperature": 0.0, "max_tokens": 7, "aux": {"res": {"temperature": 0.5}}})
+    cfg, _ = resolve_node(out["lm"], None)
+    assert (cfg.main.temperature, cfg.main.max_tokens, cfg.aux["res"].temperature, cfg.aux["res"].top_k) == (0.0, 7, 0.5, 5)
+    cfg, _ = resolve_node(out["lm"], {"main": {"temperature": 0.9}, "aux": {}})
+    assert (cfg.main.temperature, cfg.main.max_tokens) == (0.9, 7)  # the request's own value wins
+    assert decls["lm"].main.temperature == 1.0  # the plugin's declaration is untouched
+    with pytest.raises(ValueError, match=r"sampling\.top_p"):
+        with_sampling_defaults(decls, "lm", {"top_p": 2})
+    with pytest.raises(ValueError, match=r"sampling\.tempreature"):
+        with_sampling_defaults(decls, "lm", {"tempreature": 0})
+    with pytest.raises(ValueError, match=r"unknown label\(s\) \['nope'\]"):
+        with_sampling_defaults(decls, "lm", {"aux": {"nope": {}}})

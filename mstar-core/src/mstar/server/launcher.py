@@ -120,6 +120,7 @@ def _build_models(configs: list[ServerConfig]) -> Any:
     """A ``ModelSet`` of one runtime per config (sharing one metrics registry); the first
     bad checkpoint, placement or option is a ``ServeConfigError`` in one line."""
     from mstar.server.metrics import MetricFamilies
+    from mstar.server.model_configs import with_sampling_defaults
     from mstar.server.model_set import ModelSet
     from mstar.server.runtime import ServerRuntime
 
@@ -128,7 +129,9 @@ def _build_models(configs: list[ServerConfig]) -> Any:
     try:
         for cfg in configs:
             model = cfg.model
-            runtimes.append(ServerRuntime(cfg, resolve_checkpoint(cfg), families))
+            rt = ServerRuntime(cfg, resolve_checkpoint(cfg), families)
+            runtimes.append(rt)
+            rt.node_samplers = with_sampling_defaults(rt.node_samplers, rt.adapter.sampling_node, cfg.sampling_defaults)
         return ModelSet(runtimes)
     except (OSError, ValueError) as exc:
         for rt in runtimes:

@@ -17,6 +17,7 @@ YAML (``--models-config``)::
         placement: orpheus.yaml       # relative to this file
         max_concurrency: 16
         engine_options: {kv_budget_bytes: 268435456}
+        sampling: {temperature: 0.6, top_p: 0.9, max_tokens: 1200}   # this model's defaults
       - model: /ckpt/qwen3-tts
 """
 
@@ -53,6 +54,9 @@ class ModelEntry(BaseModel):
     engine_threads: int | None = Field(default=None, ge=1)
     restart_engines: bool | None = None
     max_engine_restarts: int | None = Field(default=None, ge=0)
+    # Defaults of the model's sampling node (any SamplingParams field, and ``aux`` by label);
+    # a request's own values win.
+    sampling: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("served_model_names", mode="before")
     @classmethod
@@ -114,6 +118,7 @@ def model_configs(base: ServerConfig, entries: list[ModelEntry]) -> list[ServerC
             "random_weights": entry.random_weights or (base.random_weights and entry.weights is None and entry.model in names),
             "placement": entry.placement,
             "engine_options": {**base.engine_options, **entry.engine_options},
+            "sampling_defaults": dict(entry.sampling),
         }
         for field, attr in (("device", "device"), ("max_concurrency", "max_concurrency"), ("max_queue", "max_queue"),
                             ("request_timeout", "request_timeout_s"), ("preprocess_workers", "preprocess_workers"),
@@ -124,3 +129,37 @@ def model_configs(base: ServerConfig, entries: list[ModelEntry]) -> list[ServerC
                 changes[attr] = value
         configs.append(dataclasses.replace(base, **changes))
     return configs
+
+
+def with_sampling_defaults(node_samplers: dict[str, Any], node: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``node_samplers`` with ``defaults`` over the main (and ``aux``) defaults of ``node``
+    (the adapter's sampling node; ``None``: the first). Raises ``ValueError`` naming a bad
+    field or label."""
+    from mstar.sampling.params import SamplingParams
+
+    if not defaults:
+        return node_samplers
+    node = node or next(iter(node_samplers), None)
+    if node is None:
+        raise ValueError("sampling: the model samples nothing")
+    decl = node_samplers[node]
+    main = {k: v for k, v in defaults.items() if k != "aux"}
+    aux = defaults.get("aux") or {}
+    unknown = sorted(set(aux) - set(decl.aux))
+    if unknown:
+        raise ValueError(f"sampling.aux: unknown label(s) {unknown}; {node} has {sorted(decl.aux)}")
+
+    def merged(params: SamplingParams, over: dict[str, Any], where: str) -> SamplingParams:
+        try:
+            return SamplingParams.model_validate({**params.model_dump(), **over})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(map(str, err["loc"]))
+            raise ValueError(f"{where}{'.' + field if field else ''}: {err['msg']}") from None
+
+    new = dataclasses.replace(
+        decl,
+        main=merged(decl.main, main, "sampling"),
+        aux={label: merged(p, aux.get(label, {}), f"sampling.aux.{label}") for label, p in decl.aux.items()},
+    )
+    return {**node_samplers, node: new}
