@@ -20,7 +20,7 @@ from mstar import Engine
 from thinker_reference import make_cases
 
 WAVE_TOL = 1e-5
-THINKER_TOKENS, TALKER_FRAMES, MIN_FRAMES = 10, 40, 8
+THINKER_TOKENS, TALKER_FRAMES, MIN_FRAMES = 8, 20, 8
 GREEDY = {
     "thinker": {"temperature": 0, "max_tokens": THINKER_TOKENS},
     # transformers' Talker defaults keep repetition_penalty 1.05 under greedy, and so do we;
@@ -84,7 +84,7 @@ def engine_inputs(prompt: list[int], hf_inputs: dict[str, Any]) -> tuple[dict[st
 def test_speech_equals_generate_return_audio(case, ckpt, engine, reference):
     c = make_cases(ckpt)[case]
     text, codes, wave = hf_speech(reference, c.prompt, c.hf_inputs)
-    # past the Thinker's text (steps 0..7 read it, step 8 tts_eos, then tts_pad)
+    # past the Thinker's text (steps 0..5 read it, step 6 tts_eos, then tts_pad)
     assert codes.shape[0] > THINKER_TOKENS, "the Talker stopped with the text: the comparison would be weak"
     inputs, kwargs = engine_inputs(c.prompt, c.hf_inputs)
     out = engine.run_batch([{"inputs": inputs, "sampling": GREEDY, "kwargs": kwargs}])[0]
