@@ -137,9 +137,14 @@ class EngineWorker:
     def _command_loop(self, commands: Any) -> int:
         import zmq
 
+        from mstar.server.memory_trim import MemoryTrimmer, glibc_malloc_trim
+
         poller = zmq.Poller()
         poller.register(commands, zmq.POLLIN)
+        trimmer = MemoryTrimmer(glibc_malloc_trim())
+        core = self.engine.core
         while not self.stop.is_set():
+            trimmer.tick(core.stats.steps, len(core.running) + len(core.waiting))
             if poller.poll(200):
                 while True:
                     try:
