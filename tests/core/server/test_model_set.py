@@ -149,3 +149,11 @@ def test_sampling_defaults_of_a_models_file_entry() -> None:
         with_sampling_defaults(decls, "lm", {"tempreature": 0})
     with pytest.raises(ValueError, match=r"unknown label\(s\) \['nope'\]"):
         with_sampling_defaults(decls, "lm", {"aux": {"nope": {}}})
+
+
+def test_the_example_models_file_is_valid() -> None:
+    path = Path(__file__).resolve().parents[3] / "examples" / "several_models.yaml"
+    configs = model_configs(ServerConfig(model=""), load_models_file(path))
+    assert [(c.model, c.random_weights, c.served_model_names) for c in configs] == [
+        ("toy", True, ["chat", "toy"]), ("orpheus", True, []), ("qwen3tts", True, [])]
+    assert configs[0].sampling_defaults == {"temperature": 0.7, "max_tokens": 64} and configs[1].max_concurrency == 16
