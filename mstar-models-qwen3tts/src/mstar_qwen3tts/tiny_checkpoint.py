@@ -302,3 +302,14 @@ def write_checkpoint(
     save_file(weights, str(path / "model.safetensors"))
     save_file(decoder, str(path / "speech_tokenizer" / "model.safetensors"))
     return path
+
+
+def write_base_checkpoint(path: Path, **kwargs: Any) -> Path:
+    """A tiny Base (voice clone) checkpoint: the ``qwen3tts-base`` model's random weights."""
+    return write_checkpoint(path, kind="base", **kwargs)
+
+
+def write_voice_design_checkpoint(path: Path, **kwargs: Any) -> Path:
+    """A tiny VoiceDesign checkpoint (1.7B-shaped config: instructions honoured)."""
+    return write_checkpoint(path, kind="voice_design", overrides={"tts_model_size": "1b7", **kwargs.pop("overrides", {})},
+                            **kwargs)
