@@ -52,6 +52,7 @@ async def measure(model: str, max_tokens: int, requests: int) -> dict[str, Any]:
     config.placement = str(placement)
 
     counts: collections.Counter[str] = collections.Counter()
+    payload: collections.Counter[str] = collections.Counter()
     send, authenticated = EngineHandle.send, runtime_mod.authenticated
 
     def counting_send(self: EngineHandle, cmd: Any) -> None:
@@ -61,7 +62,12 @@ async def measure(model: str, max_tokens: int, requests: int) -> dict[str, Any]:
     def counting_authenticated(frames: list[bytes], secret: bytes, where: str) -> bytes | None:
         raw = authenticated(frames, secret, where)
         if raw is not None:
-            counts[f"from engines: {type(report_decoder.decode(raw)).__name__}"] += sum(map(len, frames))
+            report = report_decoder.decode(raw)
+            counts[f"from engines: {type(report).__name__}"] += sum(map(len, frames))
+            for ev in getattr(report, "events", ()):  # the tensor payload by signal (in the total above)
+                if ev.value is not None:
+                    kind = "stream item" if ev.stream_item else "output"
+                    payload[f"{kind} {ev.signal}"] += len(ev.value.data)
         return raw
 
     EngineHandle.send = counting_send  # type: ignore[method-assign]
@@ -70,6 +76,7 @@ async def measure(model: str, max_tokens: int, requests: int) -> dict[str, Any]:
     try:
         await rt.start()
         counts.clear()
+        payload.clear()
         voice = next(iter(rt.adapter.voices()), None)
         tokens = samples = 0
         loop = asyncio.get_running_loop()
@@ -86,10 +93,12 @@ async def measure(model: str, max_tokens: int, requests: int) -> dict[str, Any]:
                             samples += value.numel()
                         elif signal == "token":
                             tokens += value.numel()
+                        elif signal == "codes":  # a codec frame per LM step (one row each)
+                            tokens += value.shape[0] if value.dim() > 1 else 1
             finally:
                 ex.close()
         elapsed = loop.time() - t0
-        return {"model": model, "counts": dict(counts), "tokens": tokens, "audio_s": samples / (rt.adapter.sample_rate or 1),
+        return {"model": model, "counts": dict(counts), "payload": dict(payload), "sample_rate": rt.adapter.sample_rate, "tokens": tokens, "audio_s": samples / (rt.adapter.sample_rate or 1),
                 "elapsed_s": elapsed, "engines": len(rt.engines)}
     finally:
         await rt.stop()
@@ -103,9 +112,13 @@ def report(r: dict[str, Any]) -> None:
     print(f"== {r['model']}: {r['tokens']} tokens, {r['audio_s']:.2f} s of audio, {r['engines']} engines, {r['elapsed_s']:.1f} s")
     for key, value in sorted(counts.items()):
         print(f"   {key:32s} {value:>12,d} B")
+    for key, value in sorted(r["payload"].items()):
+        print(f"     of which tensor bytes, {key:18s} {value:>10,d} B")
     print(f"   request traffic (without Stats): {per_request:,d} B")
     if r["tokens"]:
-        print(f"   per token:                {per_request / r['tokens']:,.0f} B")
+        print(f"   per LM step (token or codec frame): {per_request / r['tokens']:,.0f} B")
+    if r["audio_s"] and r["tokens"]:
+        print(f"   audio samples per LM step: {r['audio_s'] * (r['sample_rate'] or 0) / r['tokens']:,.0f} (at {r['sample_rate']} Hz)")
     if r["audio_s"]:
         print(f"   per second of audio:      {per_request / r['audio_s']:,.0f} B ({per_request * 8 / r['audio_s'] / 1e6:.2f} Mbit/s at real time)")
     print(f"   Stats reports (time-based, all engines): {stats / r['elapsed_s']:,.0f} B/s")

@@ -29,7 +29,8 @@ def _load_conftest() -> ModuleType:
     return module
 
 
-ServerProcess = _load_conftest().ServerProcess
+_conftest = _load_conftest()
+ServerProcess = _conftest.ServerProcess
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'mstar-core[ray]' (CI installs it)")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -98,7 +99,7 @@ def servers(tmp_path_factory, cluster, toy_checkpoint, orpheus_ckpt):
 
     def start(name: str) -> None:
         try:
-            pending[name].start()
+            pending[name].start(timeout=420)  # Ray workers start slowly on a busy machine
             started[name] = pending[name]
         except Exception as exc:
             started[name] = exc
@@ -113,9 +114,13 @@ def servers(tmp_path_factory, cluster, toy_checkpoint, orpheus_ckpt):
             if isinstance(value, Exception):
                 raise value
         yield pending
+        actors = [e["pid"] for srv in pending.values() for e in srv.health().json()["engines"].values()]
         for srv in pending.values():
-            if srv.proc.poll() is None:
-                assert srv.stop() == 0, srv.log_tail()
+            assert srv.stop() == 0, srv.log_tail()
+        deadline = time.monotonic() + 15
+        while any(map(_conftest.running, actors)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(map(_conftest.running, actors)), "engine actors outlived their server"
     finally:
         for srv in pending.values():
             srv.kill_all()

@@ -35,11 +35,14 @@ import click
 @click.option("--voices-dir", default=None, envvar="MSTAR_VOICES_DIR", type=click.Path(file_okay=False), help="Where saved voices (POST /v1/audio/voices) are kept (env MSTAR_VOICES_DIR). Default: mstar/voices in the user cache directory.")
 @click.option("--voice-max-bytes", default=10 << 20, show_default=True, type=click.IntRange(min=1), help="A saved voice's reference clip: larger files get 413.")
 @click.option("--voice-max-seconds", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="A saved voice's reference clip: longer clips get 400.")
+@click.option("--placement-backend", default="local", show_default=True, type=click.Choice(["local", "ray"]), help="Run engines as processes of this machine, or as Ray actors on the nodes of a Ray cluster (needs mstar-core[ray]; see docs/ray.md).")
+@click.option("--ray-address", default=None, help="With --placement-backend ray: the cluster to join, e.g. auto (the one `ray start` began here) or HOST:PORT; default: RAY_ADDRESS, else the cluster `ray start` began here, else a new local Ray instance.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | None, weights: str | None, revision: str | None, served_model_names: tuple[str, ...], random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
           max_concurrency: int, max_queue: int, request_timeout: float, max_body_bytes: int, preprocess_workers: int | None,
           engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str,
           restart_engines: bool, max_engine_restarts: int, shutdown_timeout: float, max_stream_buffer_bytes: int, log_level: str,
+          placement_backend: str = "local", ray_address: str | None = None,
           voices_dir: str | None = None, voice_max_bytes: int = 10 << 20, voice_max_seconds: float = 30.0) -> None:
     """Serve MODEL over HTTP with an OpenAI-compatible API.
 
@@ -75,6 +78,7 @@ def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | N
         config.preprocess_workers = preprocess_workers
     if shm_threshold is not None:
         config.shm_threshold = shm_threshold
+    config.placement_backend, config.ray_address = placement_backend, ray_address
     try:
         code = run_server(config, _several(config, given, models_config) if several else None)
     except ServeConfigError as exc:
