@@ -145,7 +145,7 @@ def write_checkpoint(
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(path)
-    write_tokenizer(path)
+    write_tokenizer(path, role_tokens=True)  # "<|im_start|>assistant" as the Talker reads it
     if processor:
         _write_processor_config(path, audio_cfg, vision_cfg, max_image_tokens)
     (path / "generation_config.json").write_text(

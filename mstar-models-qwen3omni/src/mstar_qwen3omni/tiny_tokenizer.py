@@ -1,6 +1,8 @@
 """A small byte-level BPE tokenizer with the released Qwen3-Omni special tokens at their real
 ids (``<|im_start|>`` = 151644, ``<|image_pad|>`` = 151655, ``<|audio_pad|>`` = 151675, ...),
-and a chat template, written into tiny test checkpoints (the real ones ship Qwen's own)."""
+optionally the chat roles as the single tokens the released vocabulary has (``user`` = 872,
+``assistant`` = 77091, ``system`` = 8948: the Talker finds the assistant turn by them), and a
+chat template, written into tiny test checkpoints (the real ones ship Qwen's own)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ SPECIAL_TOKENS = (
     "<tts_text_bos_single>", "<|audio_pad|>",
 )
 NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
+# Role words at their released ids (config.json's user_token_id, assistant_token_id, ...).
+ROLE_TOKENS = {"system": 8948, "user": 872, "assistant": 77091}
 
 # Media parts become one placeholder each; the processor expands them to the media's length.
 CHAT_TEMPLATE = (
@@ -45,9 +49,10 @@ _CORPUS = (
 )
 
 
-def build_tokenizer_json(merges_vocab: int = 600) -> str:
+def build_tokenizer_json(merges_vocab: int = 600, role_tokens: bool = False) -> str:
     """tokenizer.json text: BPE trained on a small corpus, the vocabulary padded with
-    unreachable fillers up to 151643, then the special tokens."""
+    unreachable fillers up to 151643, then the special tokens; with ``role_tokens`` the role
+    words at their released ids."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -61,15 +66,25 @@ def build_tokenizer_json(merges_vocab: int = 600) -> str:
     vocab: dict[str, int] = spec["model"]["vocab"]
     for i in range(len(vocab), FIRST_SPECIAL_ID):
         vocab[f"<|filler_{i}|>"] = i  # no merge produces these: never emitted
+    roles = ROLE_TOKENS if role_tokens else {}
+    for word, i in roles.items():
+        assert word not in vocab, word
+        vocab[word] = i
+        del vocab[f"<|filler_{i}|>"]
     tok = Tokenizer.from_str(json.dumps(spec))
+    # Added tokens already in the vocabulary keep its ids: each role word is one token.
+    tok.add_tokens([AddedToken(word, special=False, normalized=False) for word in roles])
     tok.add_special_tokens([AddedToken(t, special=t not in NOT_SPECIAL, normalized=False) for t in SPECIAL_TOKENS])
     assert tok.token_to_id("<|audio_pad|>") == FIRST_SPECIAL_ID + len(SPECIAL_TOKENS) - 1
+    assert all(tok.token_to_id(word) == i for word, i in roles.items())
     return tok.to_str()
 
 
-def write_tokenizer(path: Path) -> None:
+def write_tokenizer(path: Path, role_tokens: bool = False) -> None:
+    """``role_tokens``: as the released vocabulary, which the Talker's prompt rule needs (the
+    processor fixtures were made without them)."""
     path = Path(path)
-    (path / "tokenizer.json").write_text(build_tokenizer_json())
+    (path / "tokenizer.json").write_text(build_tokenizer_json(role_tokens=role_tokens))
     config = {
         "tokenizer_class": "Qwen2Tokenizer",
         "bos_token": None,
