@@ -70,7 +70,7 @@ def install_voice_routes(app: FastAPI, pick: Pick, runtimes: Callable[[], list[S
         return next((rt for rt in served if rt.adapter.creates_voices), served[0])
 
     @app.post(
-        "/v1/audio/voices", status_code=201,
+        "/v1/audio/voices", status_code=201, openapi_extra={"requestBody": _UPLOAD_BODY},
         responses={400: {"description": "Bad name, audio or transcript; a model that makes no voices"},
                    404: {"description": "Unknown model"}, 409: {"description": "The name is taken"},
                    413: {"description": "The clip's file is over the size limit"}},
@@ -91,6 +91,27 @@ def install_voice_routes(app: FastAPI, pick: Pick, runtimes: Callable[[], list[S
             raise ApiError(404, f"no saved voice {name!r} for model {rt.model_name!r}", param="name", code="voice_not_found")
         await asyncio.to_thread(library.delete, name)
         return {"object": "voice.deleted", "id": name, "deleted": True}
+
+
+_FIELDS = {
+    "name": {"type": "string", "description": "the voice's name (1-64 of A-Z a-z 0-9 _ . -)"},
+    "transcript": {"type": "string", "description": "what the clip says (optional)"},
+    "model": {"type": "string", "description": "the model to make it for (default: the first that makes voices)"},
+}
+# The body is read by hand (a file or base64), so its schema is declared for /openapi.json.
+_UPLOAD_BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {"schema": {
+            "type": "object", "required": ["name", "audio"],
+            "properties": {**_FIELDS, "audio": {"type": "string", "format": "binary", "description": "the reference clip"}},
+        }},
+        "application/json": {"schema": {
+            "type": "object", "required": ["name", "audio"],
+            "properties": {**_FIELDS, "audio": {"type": "string", "description": "the reference clip: base64, or a data: URL"}},
+        }},
+    },
+}
 
 
 async def create_voice(rt: ServerRuntime, fields: dict[str, Any], audio: bytes) -> dict[str, Any]:
