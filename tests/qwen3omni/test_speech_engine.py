@@ -155,6 +155,16 @@ def test_text_only_requests_never_run_the_talker(ckpt, engine):
     assert engine.core.nodes["talker"].kv.num_used_blocks == 0
 
 
+def test_a_thinker_that_ends_at_once_speaks_nothing(ckpt, engine):
+    """One Thinker token (its last is never spoken): no frame, no audio, the text intact
+    (transformers' generate fails on this input)."""
+    prompt = torch.tensor(make_cases(ckpt)["text"].prompt)
+    sampling = {**GREEDY, "thinker": {"temperature": 0, "max_tokens": 1}}
+    out = engine.run_batch([{"inputs": {"prompt_ids": prompt}, "sampling": sampling, "kwargs": SPEECH}])[0]
+    assert out.error is None, out.error
+    assert len(out.cat("tokens")) == 1 and "codes" not in out.signals and "audio" not in out.signals
+
+
 def test_unknown_voice_and_modality_fail_naming_the_valid_ones(ckpt, engine):
     prompt = torch.tensor(make_cases(ckpt)["text"].prompt)
     bad = engine.run_batch([

@@ -228,7 +228,8 @@ def _write_tiny(path: Path) -> None:
 
 
 def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """A text request, and one with an image, a video and an audio (every walk runs)."""
+    """A text request (spoken, when the checkpoint can speak), and one with an image, a video
+    and an audio answered in text: together every walk runs."""
     import torch
 
     from mstar_qwen3omni.config import MultimodalTokens
@@ -247,7 +248,7 @@ def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
         t.vision_start_token_id, *[t.video_token_id] * 8, t.vision_end_token_id,
         t.audio_start_token_id, *[t.audio_token_id] * n_audio, t.audio_end_token_id,
     ]
-    greedy = {"main": {"temperature": 0, "max_tokens": 4}}
+    greedy = {THINKER: {"main": {"temperature": 0, "max_tokens": 4}}}
     media = {
         "prompt_ids": torch.tensor(head + body + tail),
         "pixel_values": torch.randn(int(image.prod()), width), "image_grid_thw": image,
@@ -255,10 +256,12 @@ def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
         "video_second_per_grid": torch.tensor([1.0]),
         "input_features": torch.randn(1, mels, frames), "feature_attention_mask": torch.ones(1, frames, dtype=torch.long),
     }
-    return [
-        {"inputs": {"prompt_ids": torch.tensor(head + tail)}, "sampling": greedy},
-        {"inputs": media, "sampling": greedy, "kwargs": {MEDIA: list(MEDIA_KINDS)}},
-    ]
+    text_out = {"inputs": media, "sampling": greedy, "kwargs": {MEDIA: list(MEDIA_KINDS)}}
+    if not has_speech(config):
+        return [{"inputs": {"prompt_ids": torch.tensor(head + tail)}, "sampling": greedy}, text_out]
+    speech = {**greedy, TALKER: {"main": {"temperature": 0, "max_tokens": 4}, "aux": {"code_predictor": {"temperature": 0}}}}
+    # Speech first: conformance's stop-rule check reads every sampling node in the first one.
+    return [{"inputs": {"prompt_ids": torch.tensor(head + tail)}, "sampling": speech, "kwargs": {MODALITIES: ["text", "audio"]}}, text_out]
 
 
 @hookimpl

@@ -41,6 +41,7 @@ import torch
 from mstar.layers import PagedSelfAttention, RMSNorm
 from mstar.layers.mlp import ACTIVATIONS
 from mstar.model.submodule_base import (
+    STOP_ALL,
     ARNodeInputs,
     ARNodeSubmodule,
     BatchedModelOutput,
@@ -65,6 +66,7 @@ FRAME_EMBED, TEXT_EMBED = "frame_embed", "thinker_text_embed"
 PROMPT_ROWS, TEXT_ENDED = "talker_prompt_rows", "thinker_text_ended"
 THINKER_PROMPT = "prompt_ids"  # the request's Thinker prompt
 VOICE = "voice"  # request kwarg
+SILENT = "silent"  # a prefill with nothing to speak: the Talker stops at once
 CODES = "codes"
 ROPE_DELTA = "talker_rope_delta"
 # transformers' generate(return_audio=True) defaults for code 0 (talker_* kwargs); the stop id
@@ -224,7 +226,9 @@ class TalkerNode(ARNodeSubmodule):
         rows = torch.as_tensor(signals[PROMPT_ROWS]).reshape(-1, ht)
         first = torch.as_tensor(signals[TEXT_EMBED]).reshape(-1, ht)
         if not first.shape[0]:
-            raise ValueError("the Thinker ended before its first token was fed back: there is no text to speak")
+            # The Thinker ended at its first token: nothing to speak (transformers fails
+            # here). One placeholder position runs and the Talker stops without a frame.
+            return ARNodeInputs(input_embeds=torch.zeros(1, self.cfg.hidden_size), input_seq_len=1, kwargs={SILENT: True})
         ids = torch.as_tensor(signals[THINKER_PROMPT]).reshape(-1)
         if ids.numel() != rows.shape[0]:
             raise ValueError(f"{PROMPT_ROWS} has {rows.shape[0]} rows for a prompt of {ids.numel()} tokens")
@@ -271,6 +275,7 @@ class TalkerNode(ARNodeSubmodule):
         return {
             "input_embeds": torch.cat([i.input_embeds for i in inputs]).to(device=device, dtype=self.dtype),
             "positions": positions.to(device),
+            "silent": torch.tensor([bool(i.kwargs.get(SILENT)) for i in inputs]),
         }
 
     def forward_batched(
@@ -279,12 +284,16 @@ class TalkerNode(ARNodeSubmodule):
         engine_inputs: ModelInputsFromEngine,
         input_embeds: torch.Tensor,
         positions: torch.Tensor,
+        silent: torch.Tensor | None = None,
     ) -> BatchedModelOutput:
         hidden = self.lm.hidden_states(input_embeds, positions, engine_inputs.attention)[engine_inputs.last_token_index.long()]
         region = {"hidden": hidden, "logits": self.lm.codec_logits(hidden)}
         runner = engine_inputs.piecewise_runners.get(PIECEWISE_LABEL)
         out = runner(region) if runner is not None else self.lm.sample_frame(region, engine_inputs.sampler)
-        return BatchedModelOutput(row_outputs={CODES: out[CODES][:, None, :], FRAME_EMBED: out[FRAME_EMBED][:, None, :]})
+        rows = {CODES: out[CODES][:, None, :], FRAME_EMBED: out[FRAME_EMBED][:, None, :]}
+        if silent is not None and bool(silent.any()):
+            rows[SILENT] = silent
+        return BatchedModelOutput(row_outputs=rows)
 
     def check_stop_batched(
         self, request_ids: list[str], infos: list[CurrentForwardPassInfo], outputs: BatchedModelOutput
@@ -292,11 +301,14 @@ class TalkerNode(ARNodeSubmodule):
         # Core applies max_tokens and stop ids; a codec-EOS frame carries no audio, and (as
         # transformers) the frame drawn at max_tokens is dropped: its stop ends the Talker.
         firsts = outputs.row_outputs[CODES][:, 0, 0].tolist()
+        silent = outputs.row_outputs.get(SILENT)
         eos = self.cfg.codec_eos_id
         checks = {}
-        for rid, info, tok in zip(request_ids, infos, firsts, strict=True):
+        for i, (rid, info, tok) in enumerate(zip(request_ids, infos, firsts, strict=True)):
             last = info.sampling is not None and info.num_generated + 1 >= info.sampling.max_tokens
-            if tok == eos or last:
+            if silent is not None and bool(silent[i]):
+                checks[rid] = StopCheck(frozenset({STOP_ALL}), (CODES, FRAME_EMBED))
+            elif tok == eos or last:
                 checks[rid] = StopCheck(withheld=(CODES,))
         return BatchedStopCheck(checks)
 
