@@ -99,3 +99,19 @@ def test_dtype_promotes_like_cat_and_shape_mismatch_is_an_error():
     empty = StreamBuffer(FixedChunks(2))
     empty.closed = True
     assert empty.next_chunk() is None and empty.drained
+
+
+def test_a_large_item_reserves_only_itself():
+    """A stream of one large item (e.g. a prompt's hidden states) is not allocated 16 times."""
+    from mstar.engine.stream_buffer import LARGE_ITEM
+
+    buf = StreamBuffer(FixedChunks(1))
+    big = torch.randn(1, 2, LARGE_ITEM // 2 + 1)
+    buf.append(big)
+    assert buf._data is not None and buf._data.shape[0] == 1
+    buf.append(big)  # it still grows (doubling) and reads back
+    window, _, _ = buf.next_chunk()
+    assert torch.equal(window, big)
+    small = StreamBuffer(FixedChunks(1))
+    small.append(torch.zeros(1, 4))
+    assert small._data is not None and small._data.shape[0] == 16

@@ -17,6 +17,8 @@ import torch
 
 from mstar.graph import ChunkPolicy
 
+LARGE_ITEM = 1 << 16  # elements
+
 
 @dataclass
 class StreamBuffer:
@@ -33,7 +35,9 @@ class StreamBuffer:
         n = value.shape[0]
         data = self._data
         if data is None:
-            data = self._data = value.new_empty((max(n, 16), *value.shape[1:]))
+            # Room for 16 small items; a large item (a prompt's states) reserves only itself.
+            reserve = 16 if value[:1].numel() <= LARGE_ITEM else 1
+            data = self._data = value.new_empty((max(n, reserve), *value.shape[1:]))
         elif value.shape[1:] != data.shape[1:]:
             raise ValueError(
                 f"stream items must have shape [n, {', '.join(map(str, data.shape[1:]))}], "
