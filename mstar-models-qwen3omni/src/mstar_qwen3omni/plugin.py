@@ -36,6 +36,9 @@ Output signals (events in order per signal):
   withheld);
 - ``audio`` [n] float32: mono PCM at 24 kHz, in chunks as Code2Wav decodes the frames;
   the chunks joined equal one whole decode of all frames.
+
+A speech request's ``finish_reason`` is the first stop of any node (the Talker may stop
+before the Thinker); the text stopped at ``max_tokens`` exactly when it has that many tokens.
 """
 
 from __future__ import annotations
