@@ -11,11 +11,11 @@ secret is dropped; the secret reaches an actor in its method call's arguments (R
 RPC), never on a command line.
 
 Lifecycle: ``bind`` (creates the worker, binds the socket; the API process connects), then
-``run`` (builds the engine and serves until Shutdown); ``run`` returns the exit code. A
-killed actor or a lost node makes ``run``'s result raise, which the handle reports as the
-engine's exit; the runtime then fails the engine's requests and, with
-``--restart-engines``, its supervisor starts a new actor (Ray's own restart stays off, so
-back-off and ``/health`` behave as on one machine).
+``run`` (builds the engine and serves until ``stop``, a Shutdown command or a fatal error;
+returns the exit code). A killed actor or a lost node makes ``run``'s result raise, which
+the handle reports as the engine's exit; the runtime then fails the engine's requests and,
+with ``--restart-engines``, its supervisor starts a new actor (Ray's own restart stays off,
+so back-off and ``/health`` behave as on one machine).
 """
 
 from __future__ import annotations
@@ -55,8 +55,7 @@ def actor_options(group: DeviceGroup) -> dict[str, Any]:
         "num_cpus": custom.pop("CPU", 1),
         "num_gpus": custom.pop("GPU", 0),
         "max_restarts": 0,
-        # bind/run plus stop while run serves
-        "max_concurrency": 2,
+        "max_concurrency": 2,  # stop() arrives while run() serves
     }
     if "memory" in custom:
         options["memory"] = custom.pop("memory")
@@ -102,7 +101,9 @@ class EngineActor:
         import ray
 
         spec = msgspec.msgpack.decode(spec_bytes, type=EngineProcessSpec)
-        spec.parent_pid = os.getppid()  # the raylet: Ray ends the actor with its owner
+        # The engine stops when its parent (the node's raylet) is gone; Ray itself ends the
+        # actor when its owner, the API process, exits.
+        spec.parent_pid = os.getppid()
         logging.basicConfig(level=spec.log_level.upper(), format=f"%(asctime)s engine[{spec.name}] %(levelname)s %(message)s")
         ip = ray.util.get_node_ip_address()
         self.commands = self.ctx.socket(zmq.PULL)
@@ -112,7 +113,7 @@ class EngineActor:
         return spec.command_addr, os.getpid(), ip, ray.get_runtime_context().get_node_id()
 
     def run(self) -> int:
-        """Build the engine and serve until Shutdown (or a fatal error): its exit code."""
+        """Build the engine and serve until stopped (or a fatal error): its exit code."""
         assert self.worker is not None, "bind first"
         try:
             return self.worker.run()
@@ -121,6 +122,7 @@ class EngineActor:
             self.ctx.term()
 
     def stop(self) -> None:
+        """End ``run`` cleanly (called while ``run`` serves, hence two concurrent calls)."""
         self.stop_event.set()
 
 
@@ -202,19 +204,18 @@ class RayEngineHandle(EngineHandle):
         return self._exit or "is not running"
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Shutdown over the command socket, then kill the actor: never leave it running."""
+        """Ask the engine to stop (its stop event, through Ray: no command socket needed),
+        wait up to ``timeout`` for it, then kill the actor: never leave it running."""
         import ray
 
         self._stopping = True
         if self.actor is not None:
-            if self._exit is None and self._run_ref is not None and self.ready:
+            if self._exit is None and self._run_ref is not None:
                 try:
-                    from mstar.server.messages import Shutdown
-
-                    self.send(Shutdown())
+                    self.actor.stop.remote()
                     ray.wait([self._run_ref], timeout=timeout)
-                except Exception:
-                    pass
+                except Exception as exc:  # already dead: the kill below is all there is
+                    log.debug("engine %s: stop: %s", self.name, exc)
             try:
                 ray.kill(self.actor, no_restart=True)
             except Exception as exc:  # already gone with its node
