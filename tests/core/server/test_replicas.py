@@ -228,3 +228,13 @@ def test_replica_stats_describe_each_replica():
         ReplicaStats(0, "lm_g/0", "cpu", False, 0, 0, 0),
         ReplicaStats(1, "lm_g/1", "cpu", True, 1, 3, 2),
     ]
+
+
+def test_a_pinned_request_uses_that_replica_in_every_group():
+    router, engines, _ = replicated_router(policy=lambda *a: 0)
+    router.pinned["w1"] = 1
+    router.pinned["w3"] = 3  # modulo each group's count
+    assert router.submit("w1", {}, {}, {}, None).routes == {"dec_g": "dec_g/1", "lm_g": "lm_g/1"}
+    assert router.submit("w3", {}, {}, {}, None).routes == {"dec_g": "dec_g/1", "lm_g": "lm_g/1"}
+    assert router.submit("next", {}, {}, {}, None).routes == {"dec_g": "dec_g/0", "lm_g": "lm_g/0"}  # the policy again
+    assert router.pinned == {}

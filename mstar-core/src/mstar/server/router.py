@@ -152,6 +152,9 @@ class Router:
         # group -> its engines, one per replica; None: each engine is a group of its own.
         self.replicas = replicas
         self.policy = policy  # picks a replica (None: the default policy)
+        # request id -> replica index it must use in every replicated group (the warm-up
+        # reaches each replica this way); taken when the request is submitted.
+        self.pinned: dict[str, int] = {}
         self.streams: dict[str, RequestStream] = {}
         # Output bytes a request may have waiting for a client that does not read; beyond
         # it the request is aborted (its cache freed) instead of growing memory without end.
@@ -167,7 +170,8 @@ class Router:
     ) -> RequestStream:
         groups = self.engines_for(kwargs) if self.engines_for is not None else set(self.replicas or self.engines)
         check_wire_values(sampling, kwargs)
-        routes = {g: self._pick(g, kwargs, signals) for g in sorted(groups)}
+        pin = self.pinned.pop(request_id, None)
+        routes = {g: self._pick(g, kwargs, signals, pin) for g in sorted(groups)}
         targets = [self.engines[routes[g]] for g in sorted(groups)]
         down = [e for e in targets if not e.serving]
         if down:
@@ -183,10 +187,12 @@ class Router:
     def _engines_of(self, group: str) -> tuple[str, ...]:
         return self.replicas.get(group, (group,)) if self.replicas is not None else (group,)
 
-    def _pick(self, group: str, kwargs: dict[str, Any], signals: list[str] | None) -> str:
+    def _pick(self, group: str, kwargs: dict[str, Any], signals: list[str] | None, pin: int | None = None) -> str:
         names = self._engines_of(group)
         if len(names) == 1:
             return names[0]
+        if pin is not None:
+            return names[pin % len(names)]
         return names[choose_replica(self.policy, group, kwargs, signals, self.replica_stats(group))]
 
     def replica_stats(self, group: str) -> list[ReplicaStats]:

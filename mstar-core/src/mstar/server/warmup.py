@@ -1,10 +1,13 @@
 """The warm-up request: one small request through the whole path (preprocess pool, every
 engine, cross-process streams) before the port opens, so the first client request pays no
-first-use costs."""
+first-use costs. With replicated groups it runs once per replica index, concurrently, each
+run pinned to replica i of every replicated group (i modulo that group's count)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 from mstar.api.adapter import CHAT, GENERATE, SPEECH
 from mstar.api.errors import ApiError
@@ -28,7 +31,14 @@ async def warm_up(rt: ServerRuntime) -> None:
     else:
         endpoint = CHAT if CHAT in rt.adapter.endpoints and hasattr(request, "messages") else SPEECH
         sampling = request_sampling(request, max_tokens=("max_tokens", getattr(request, "max_tokens", None)))
+    rounds = max(len(names) for names in rt.placement.group_engines().values())
+    await asyncio.gather(*(_run(rt, endpoint, request, sampling, i if rounds > 1 else None) for i in range(rounds)))
+
+
+async def _run(rt: ServerRuntime, endpoint: str, request: Any, sampling: Any, replica: int | None) -> None:
     ex = Execution(rt, endpoint, prefix="warmup")
+    if replica is not None:
+        rt.router.pinned[ex.request_id] = replica
     await ex.start(request, sampling, getattr(request, "signals", None))
     try:
         async for _ in ex.batches():
