@@ -45,6 +45,10 @@ def test_graph_validates_with_encoders_beside_the_thinker(omni_ckpt, tmp_path):
     assert set(graph.nodes) == {"thinker", "audio_encoder", "vision_encoder"}
     with pytest.raises(ValueError, match="no Talker"):
         graph.state_machine.first_walk("thinker", {"modalities": ["text", "audio"]})
+    from mstar_qwen3omni.thinker_node import ThinkerNode
+
+    assert ThinkerNode(thinker_only).accept_layer is None  # its default talker_config is not read
+    assert ThinkerNode(config).accept_layer == config["talker_config"]["accept_hidden_layer"]
 
 
 def test_speech_walks_follow_the_requested_modalities():

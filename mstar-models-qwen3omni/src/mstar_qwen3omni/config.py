@@ -10,6 +10,7 @@ Layout (``--weights DIR``)::
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,13 @@ def model_dtype(config: dict[str, Any], device: str | torch.device) -> torch.dty
     thinker = thinker_config(config)
     name = config.get("torch_dtype") or config.get("dtype") or thinker.get("dtype") or "bfloat16"
     return getattr(torch, str(name).removeprefix("torch."))
+
+
+def has_speech(config: Mapping[str, Any]) -> bool:
+    """The checkpoint holds a Talker and Code2Wav (the -Instruct release; -Thinking and
+    -Captioner say ``enable_audio_output: false``, whatever default sub-configs they list)."""
+    return (
+        bool(config.get("enable_audio_output", True))
+        and isinstance(config.get("talker_config"), dict)
+        and isinstance(config.get("code2wav_config"), dict)
+    )

@@ -53,7 +53,7 @@ from mstar import hookimpl
 from mstar.graph import EngineKind, GraphSpec, NodeSpec, Signal, Step, Walk
 from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig, lazy
 
-from mstar_qwen3omni.config import ARCHITECTURE, load_config
+from mstar_qwen3omni.config import ARCHITECTURE, has_speech, load_config
 
 MODEL_NAME = "qwen3omni"
 THINKER, AUDIO_ENCODER, VISION_ENCODER = "thinker", "audio_encoder", "vision_encoder"
@@ -74,14 +74,24 @@ CODES, FRAME_EMBED, CODE_CHUNK, AUDIO = "codes", "frame_embed", "code_chunk", "a
 FIRST_CHUNK, CHUNK = 4, 16
 
 
-def has_speech(config: Mapping[str, Any]) -> bool:
-    """The checkpoint holds a Talker and Code2Wav (the -Instruct release; -Thinking and
-    -Captioner say ``enable_audio_output: false``, whatever default sub-configs they list)."""
-    return (
-        bool(config.get("enable_audio_output", True))
-        and isinstance(config.get("talker_config"), dict)
-        and isinstance(config.get("code2wav_config"), dict)
-    )
+# Media kinds each encoder tower takes, and where its weights live in the checkpoint.
+TOWER_KINDS = {"audio": ("audio",), "vision": ("image", "video")}
+TOWER_PREFIXES = {"audio": "thinker.audio_tower.", "vision": "thinker.visual."}
+ENCODERS = "mstar_encoders"  # config key set on load: the towers the checkpoint's weights hold
+
+
+def checkpoint_towers(checkpoint_dir: Path) -> list[str]:
+    """The encoder towers whose weights the checkpoint holds."""
+    from mstar.layers.weights import safetensors_keys
+
+    keys = safetensors_keys(checkpoint_dir)
+    return [t for t, prefix in TOWER_PREFIXES.items() if any(k.startswith(prefix) for k in keys)]
+
+
+def media_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The media kinds this checkpoint takes (all of them for a config not loaded from files)."""
+    towers = config.get(ENCODERS, tuple(TOWER_KINDS))
+    return tuple(k for k in MEDIA_KINDS if any(k in TOWER_KINDS[t] for t in towers))
 
 
 def wants_audio(request_kwargs: Mapping) -> bool:
@@ -102,14 +112,18 @@ class ThinkerWalks:
     ``speakers``: the checkpoint's voices (empty: it cannot speak)."""
 
     speakers: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = MEDIA_KINDS  # the media kinds the checkpoint has encoders for
 
     def order(self, request_kwargs: Mapping) -> tuple[str, ...]:
         media = set(request_kwargs.get(MEDIA) or ())
         unknown = media - set(MEDIA_KINDS)
         if unknown:
             raise ValueError(f"unknown media kind(s) {sorted(unknown)} in kwarg {MEDIA!r}; known: {list(MEDIA_KINDS)}")
+        if media - set(self.kinds):
+            raise ValueError(f"this checkpoint has no encoder for media kind(s) {sorted(media - set(self.kinds))} "
+                             f"(kwarg {MEDIA!r}); it takes {list(self.kinds)}")
         lm = (SPEECH_PREFILL, SPEECH_DECODE) if self.speech(request_kwargs) else ("prefill", "decode")
-        return (*(f"encode_{k}" for k in MEDIA_KINDS if k in media), *lm)
+        return (*(f"encode_{k}" for k in self.kinds if k in media), *lm)
 
     def speech(self, request_kwargs: Mapping) -> bool:
         if not wants_audio(request_kwargs):
@@ -139,7 +153,7 @@ class ThinkerWalks:
 
     def walks(self) -> set[str]:
         speech = {SPEECH_PREFILL, SPEECH_DECODE, TALKER_PREFILL, TALKER_DECODE, VOCODE} if self.speakers else set()
-        return {*(f"encode_{k}" for k in MEDIA_KINDS), "prefill", "decode", *speech}
+        return {*(f"encode_{k}" for k in self.kinds), "prefill", "decode", *speech}
 
 
 def speakers(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -161,14 +175,13 @@ def build_graph(config: dict[str, Any]) -> GraphSpec:
     }
     # The processor's tensors are optional request inputs, which a graph cannot declare: an
     # encoder step waits on the prompt (always there) and reads its tensors from the request.
+    kinds = media_kinds(config)  # a checkpoint without a tower has neither its node nor its walks
+    encode = {name: e for name, e in encode.items() if name.removeprefix("encode_") in kinds}
     walks = {name: Walk(name, THINKER, Step(node, (PROMPT,), outputs)) for name, (node, _, outputs) in encode.items()}
     # Encoder outputs persist until the prefill (a later walk) reads them.
     signals = {name: Signal(name, persist=True) for _, _, outputs in encode.values() for name in outputs}
-    nodes = {
-        **text.nodes,
-        AUDIO_ENCODER: NodeSpec(AUDIO_ENCODER, EngineKind.STATELESS),
-        VISION_ENCODER: NodeSpec(VISION_ENCODER, EngineKind.STATELESS),
-    }
+    encoders = {node for node, _, _ in encode.values()}
+    nodes = {**text.nodes, **{n: NodeSpec(n, EngineKind.STATELESS) for n in (AUDIO_ENCODER, VISION_ENCODER) if n in encoders}}
     if has_speech(config):
         speech_nodes, speech_walks, speech_signals = _speech_graph()
         nodes, walks, signals = {**nodes, **speech_nodes}, {**walks, **speech_walks}, {**signals, **speech_signals}
@@ -176,7 +189,7 @@ def build_graph(config: dict[str, Any]) -> GraphSpec:
         nodes=nodes,
         signals={**text.signals, **signals},
         walks={**walks, **text.walks},
-        state_machine=ThinkerWalks(speakers(config)),
+        state_machine=ThinkerWalks(speakers(config), kinds),
         request_inputs=text.request_inputs,
     )
 
@@ -219,7 +232,7 @@ def text_view(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load_config(checkpoint_dir: Path) -> dict[str, Any]:
-    config = load_config(checkpoint_dir)
+    config = {**load_config(checkpoint_dir), ENCODERS: checkpoint_towers(Path(checkpoint_dir))}
     gen = Path(checkpoint_dir) / "generation_config.json"
     return {**config, GENERATION_CONFIG: json.loads(gen.read_text())} if gen.is_file() else config
 
@@ -246,20 +259,20 @@ def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
     frames = 40
     n_audio = int(audio_token_count(torch.tensor(frames), t.audio_n_window))
     head, tail = [151644, 872, 198], [100, 101, 151645, 198, 151644, 77091, 198]  # released chat ids
-    body = [
-        t.vision_start_token_id, *[t.image_token_id] * 4, t.vision_end_token_id,
-        t.vision_start_token_id, *[t.video_token_id] * 8, t.vision_end_token_id,
-        t.audio_start_token_id, *[t.audio_token_id] * n_audio, t.audio_end_token_id,
-    ]
-    greedy = {THINKER: {"main": {"temperature": 0, "max_tokens": 4}}}
-    media = {
-        "prompt_ids": torch.tensor(head + body + tail),
-        "pixel_values": torch.randn(int(image.prod()), width), "image_grid_thw": image,
-        "pixel_values_videos": torch.randn(int(video.prod()), width), "video_grid_thw": video,
-        "video_second_per_grid": torch.tensor([1.0]),
-        "input_features": torch.randn(1, mels, frames), "feature_attention_mask": torch.ones(1, frames, dtype=torch.long),
+    parts = {  # per media kind: its placeholders and processor tensors
+        "image": ([t.vision_start_token_id, *[t.image_token_id] * 4, t.vision_end_token_id],
+                  {"pixel_values": torch.randn(int(image.prod()), width), "image_grid_thw": image}),
+        "video": ([t.vision_start_token_id, *[t.video_token_id] * 8, t.vision_end_token_id],
+                  {"pixel_values_videos": torch.randn(int(video.prod()), width), "video_grid_thw": video,
+                   "video_second_per_grid": torch.tensor([1.0])}),
+        "audio": ([t.audio_start_token_id, *[t.audio_token_id] * n_audio, t.audio_end_token_id],
+                  {"input_features": torch.randn(1, mels, frames), "feature_attention_mask": torch.ones(1, frames, dtype=torch.long)}),
     }
-    text_out = {"inputs": media, "sampling": greedy, "kwargs": {MEDIA: list(MEDIA_KINDS)}}
+    kinds = [k for k in ("image", "video", "audio") if k in media_kinds(config)]
+    body = [i for k in kinds for i in parts[k][0]]
+    greedy = {THINKER: {"main": {"temperature": 0, "max_tokens": 4}}}
+    media = {"prompt_ids": torch.tensor(head + body + tail), **{n: v for k in kinds for n, v in parts[k][1].items()}}
+    text_out = {"inputs": media, "sampling": greedy, "kwargs": {MEDIA: kinds}}
     if not has_speech(config):
         return [{"inputs": {"prompt_ids": torch.tensor(head + tail)}, "sampling": greedy}, text_out]
     speech = {**greedy, TALKER: {"main": {"temperature": 0, "max_tokens": 4}, "aux": {"code_predictor": {"temperature": 0}}}}
@@ -364,7 +377,7 @@ def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None
         raise ValueError("the Qwen3-Omni API adapter needs the checkpoint directory (tokenizer, chat template, processor)")
     # A checkpoint with a Talker answers in speech too (chat audio, /v1/audio/speech).
     speakers = speaker_names(config) if has_speech(config) else ()
-    return OmniChatAdapter(checkpoint_dir, text_view(config), THINKER, limits_from_env(), speakers)
+    return OmniChatAdapter(checkpoint_dir, text_view(config), THINKER, limits_from_env(), speakers, media_kinds(config))
 
 
 @hookimpl

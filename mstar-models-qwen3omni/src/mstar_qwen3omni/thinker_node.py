@@ -27,7 +27,7 @@ from mstar.model.submodule_base import (
 from mstar.text.lm import PREFILL, PROMPT, TOKENS, sample_step
 from torch import nn
 
-from mstar_qwen3omni.config import MultimodalTokens, TextConfig
+from mstar_qwen3omni.config import MultimodalTokens, TextConfig, has_speech
 from mstar_qwen3omni.positions import prompt_positions
 from mstar_qwen3omni.text_model import ThinkerLM
 
@@ -59,11 +59,8 @@ class ThinkerNode(ARNodeSubmodule):
         self.mm = MultimodalTokens.from_config(config)
         self.dtype = dtype
         self.lm = ThinkerLM(self.text)
-        talker = config.get("talker_config")
         # The layer whose states the Talker reads at media placeholders (None: no Talker).
-        self.accept_layer: int | None = (
-            int(talker["accept_hidden_layer"]) if isinstance(talker, dict) and "accept_hidden_layer" in talker else None
-        )
+        self.accept_layer: int | None = int(config["talker_config"]["accept_hidden_layer"]) if has_speech(config) else None
         if self.accept_layer is not None and not 0 <= self.accept_layer <= self.text.num_layers:
             raise ValueError(f"accept_hidden_layer {self.accept_layer} outside [0, {self.text.num_layers}]")
         self.media_ids = (self.mm.audio_token_id, self.mm.image_token_id, self.mm.video_token_id)

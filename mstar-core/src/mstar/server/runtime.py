@@ -68,7 +68,9 @@ class ServerRuntime:
         self.model_config = self.spec.load_config(checkpoint_dir)
         self.graph = self.spec.build_graph(self.model_config)
         self.node_samplers = self.loaded.hook.mstar_node_samplers(config=self.model_config) or {}
-        self.placement: Placement = load_placement(config.placement, dict(self.spec.default_placement), config.device)
+        # A default placement may name nodes only some checkpoints of the model have.
+        default = {n: g for n, g in self.spec.default_placement.items() if n in self.graph.nodes}
+        self.placement: Placement = load_placement(config.placement, default, config.device)
         validate_placement(self.placement, self.graph)
         _check_engine_options(config.engine_options)
         self.created = int(time.time())
