@@ -20,6 +20,7 @@ import openai
 import pytest
 import soundfile as sf
 from conftest import ServerProcess
+from mstar.client import Client, MstarAPIError
 from websockets.sync.client import connect
 
 pytestmark = pytest.mark.e2e
@@ -138,6 +139,14 @@ def test_round_trip_and_restart(start_server: Any, server: ServerProcess, voices
                                       extra_body={"seed": 11, "max_tokens": 10}).content == narrated
 
     assert ws_speech(server, "Hi.", "narrator") == narrated  # WS speech: sentences in the saved voice too
+    with Client(server.url) as sdk:  # mstar.client: the same round trip
+        assert sdk.create_voice("sdk", clip(), transcript="ok ", model="toy")["has_transcript"] is True
+        assert "sdk" in [v["name"] for v in sdk.voices("toy")]
+        assert sdk.speech("Hi.", response_format="pcm", voice="sdk", seed=11, max_tokens=10) == hosted
+        sdk.delete_voice("sdk")
+        with pytest.raises(MstarAPIError) as err:
+            sdk.create_voice("bad name", clip())
+        assert (err.value.status, err.value.param) == (400, "name")
 
     # A second server on the same directory (a restart) lists and speaks the same voices.
     server.stop()

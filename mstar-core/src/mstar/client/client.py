@@ -7,6 +7,8 @@
         for delta in c.chat_stream([{"role": "user", "content": "Hi"}]):
             print(delta, end="")
         wav = c.speech("Hello there")
+        c.create_voice("anna", "anna.wav", transcript="Hello, I am Anna.")  # a model that clones
+        wav = c.speech("Hello there", voice="anna")
         out = c.generate({"prompt_ids": [256, 72, 105]}, sampling={"max_tokens": 8})
         out.outputs["token"]  # a torch.Tensor
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -104,6 +107,26 @@ class Client:
                 r.read()
                 _raise_for(r)
             yield from r.iter_bytes()
+
+    # ---- voices ------------------------------------------------------------------------------
+    def voices(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Built-in and saved voices (of ``model``; default: of every served model)."""
+        return self._get("/v1/audio/voices" + (f"?model={model}" if model else ""))["data"]
+
+    def create_voice(self, name: str, audio: bytes | str | Path, transcript: str | None = None, model: str | None = None,
+                     **options: Any) -> dict[str, Any]:
+        """Save a voice made from a reference clip (its bytes, or a file path); ``options``
+        are the model's (e.g. ``x_vector_only_mode``)."""
+        data = audio if isinstance(audio, bytes) else Path(audio).read_bytes()
+        fields = {"name": name, **({"transcript": transcript} if transcript else {}), **({"model": model} if model else {}),
+                  **{k: json.dumps(v) if isinstance(v, bool) else str(v) for k, v in options.items()}}
+        r = self._http.post("/v1/audio/voices", data=fields, files={"audio": ("reference", data)})
+        _raise_for(r)
+        return r.json()
+
+    def delete_voice(self, name: str, model: str | None = None) -> None:
+        r = self._http.delete(f"/v1/audio/voices/{name}", params={"model": model} if model else None)
+        _raise_for(r)
 
     # ---- native generate ------------------------------------------------------------------
     def generate(self, inputs: Mapping[str, Any], model: str | None = None, *, sampling: Mapping[str, Any] | None = None,
