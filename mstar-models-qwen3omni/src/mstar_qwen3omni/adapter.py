@@ -66,9 +66,11 @@ class OmniChatAdapter(TextLMAdapter):
     def __init__(
         self, checkpoint_dir: str | Path, text_config: Mapping[str, Any], node: str, limits: MediaLimits,
         speakers: Sequence[str] = (),
+        media_kinds: Sequence[str] = ("audio", "image", "video"),
     ) -> None:
         super().__init__(checkpoint_dir, text_config, node=node)
         self.limits = limits
+        self.media_kinds = tuple(media_kinds)  # what the checkpoint has encoders for
         self._preprocessor: Any = None
         self.speakers = tuple(speakers)
         if self.speakers:  # a checkpoint with a Talker speaks
@@ -121,6 +123,7 @@ class OmniChatAdapter(TextLMAdapter):
             return super().chat_inputs(request)
         extra = request.model_extra or {}
         in_video = extra.get("use_audio_in_video", (extra.get("mm_processor_kwargs") or {}).get("use_audio_in_video", False))
+        self._check_media_kinds(messages, bool(in_video))
         try:
             out = self.preprocessor(messages, use_audio_in_video=bool(in_video))
         except ValueError as exc:
@@ -131,6 +134,23 @@ class OmniChatAdapter(TextLMAdapter):
                            param="messages", code="context_length_exceeded")
         media = [kind for key, kind in MEDIA_OF_TENSOR.items() if key in out.tensors]
         return EngineRequest({PROMPT: torch.tensor(ids, dtype=torch.long), **out.tensors}, {"media": media}, len(ids))
+
+
+    def _check_media_kinds(self, messages: list[dict[str, Any]], audio_in_video: bool) -> None:
+        """A 400 naming the first part whose kind this checkpoint has no encoder for."""
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            for j, part in enumerate(content if isinstance(content, list) else ()):
+                kind = PART_KINDS.get(part.get("type")) if isinstance(part, Mapping) else None
+                needs = {kind, "audio"} if kind == "video" and audio_in_video else {kind}
+                missing = sorted(k for k in needs if k is not None and k not in self.media_kinds)
+                if missing:
+                    where = f"messages[{i}].content[{j}] ({part['type']})"
+                    raise ApiError(400, f"{where}: this checkpoint has no {missing[0]} encoder; it takes "
+                                   f"{', '.join(self.media_kinds) or 'text only'}", param=where, code="unsupported_media")
+
+
+PART_KINDS = {"image_url": "image", "video_url": "video", "input_audio": "audio", "audio_url": "audio"}
 
 
 def has_media(message: Mapping[str, Any]) -> bool:
