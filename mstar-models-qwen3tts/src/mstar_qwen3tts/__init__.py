@@ -1,1 +1,1 @@
-"""The ``qwen3tts`` model: Qwen3-TTS 12 Hz CustomVoice as an M* plugin."""
+"""The ``qwen3tts`` model: Qwen3-TTS 12 Hz (CustomVoice, Base voice clone, VoiceDesign) as an M* plugin."""

@@ -164,7 +164,7 @@ def _configs(preset: Mapping[str, Any], special_ids: Mapping[str, int], kind: st
             "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000, "rms_norm_eps": 1e-5,
             "rope_theta": 10000.0, "attention_dropout": 0.0, **c,
         },
-        # Read by the reference only (its encoder serves voice cloning); kept tiny.
+        # The codec encoder (in-context voice cloning; weights in Base checkpoints only); kept tiny.
         "encoder_config": {
             "audio_channels": 1, "codebook_dim": 16, "vector_quantization_hidden_dimension": 16,
             "codebook_size": codebook, "frame_rate": 12.5,
