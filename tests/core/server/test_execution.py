@@ -30,7 +30,7 @@ class SilentEngine:
 
 
 class Preprocess:
-    async def run(self, endpoint, request, request_id=""):
+    async def run(self, endpoint, request, request_id="", voice=None):
         return EngineRequest({"ids": torch.tensor([1, 2])})
 
 
