@@ -101,3 +101,23 @@ def test_a_model_that_makes_no_voices_is_a_400(tmp_path: Path) -> None:
     with pytest.raises(ApiError) as err:
         asyncio.run(create_voice(rt, {"name": "v"}, wav_bytes(np.zeros(100, np.float32))))  # type: ignore[arg-type]
     assert (err.value.status, err.value.code) == (400, "voice_cloning_not_supported")
+
+
+def test_two_servers_saving_one_name_at_once_one_wins(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    libs = [VoiceLibrary(tmp_path, "m", CONFIG) for _ in range(8)]  # as if 8 servers share the directory
+
+    def save(i: int) -> int:
+        try:
+            libs[i].save("same", {"t": torch.full((4,), float(i))}, transcript=None, sample_rate=1, duration_s=1)
+            return i
+        except ApiError as exc:
+            assert exc.status == 409
+            return -1
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(save, range(8)))
+    winners = [i for i in results if i >= 0]
+    assert len(winners) == 1
+    assert torch.equal(libs[0].load("same").tensors["t"], torch.full((4,), float(winners[0])))  # the winner's tensors
