@@ -160,6 +160,9 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
             if request.voice:
                 raise ApiError(400, f"unknown voice {request.voice!r}: a Base checkpoint clones the voice of ref_audio",
                                param="voice")
+            self._common_fields(request)  # the cheap checks before the clip is encoded
+            if request.instructions:
+                raise ApiError(400, "a Base (voice clone) checkpoint takes no instructions", param="instructions")
             return self.speech_inputs_for_clone(request, self._clone_from_request(request))
         language, layout = self._common_fields(request)
         for name in CLONE_FIELDS:
