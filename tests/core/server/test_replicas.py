@@ -238,3 +238,17 @@ def test_a_pinned_request_uses_that_replica_in_every_group():
     assert router.submit("w3", {}, {}, {}, None).routes == {"dec_g": "dec_g/1", "lm_g": "lm_g/1"}
     assert router.submit("next", {}, {}, {}, None).routes == {"dec_g": "dec_g/0", "lm_g": "lm_g/0"}  # the policy again
     assert router.pinned == {}
+
+
+def test_a_stream_into_a_replicated_group_the_request_skips_is_dropped_and_freed():
+    from pathlib import Path
+
+    engines = {n: FakeEngine(n) for names in GROUPS.values() for n in names}
+    codec = TensorCodec("mstar_replicaskip_", threshold=0)  # every tensor through shared memory
+    router = Router(engines, {"codes": "dec_g"}, codec, engines_for=lambda kwargs: {"lm_g"}, replicas=GROUPS)
+    router.submit("t", {}, {}, {}, None)
+    item = codec.encode(torch.ones(4))
+    assert item.shm is not None and list(Path("/dev/shm").glob("mstar_replicaskip_*"))
+    router.on_events("lm_g/0", [Event("t", "codes", item, stream_item=True)])
+    assert not any(isinstance(c, PushStream) for e in engines.values() for c in e.sent)
+    assert not list(Path("/dev/shm").glob("mstar_replicaskip_*"))

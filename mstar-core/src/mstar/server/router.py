@@ -246,11 +246,12 @@ class Router:
         group = self.stream_routes.get(ev.signal or "")
         # The request's replica of the consuming group; a group it does not run in gets
         # the item only when it has one engine (which ignores it).
-        target = None
-        if group is not None:
-            target = stream.routes.get(group) or (self._engines_of(group)[0] if len(self._engines_of(group)) == 1 else None)
+        engines = self._engines_of(group) if group is not None else ()
+        target = stream.routes.get(group or "") or (engines[0] if len(engines) == 1 else None)
         if target is None:
             log.error("request %s: no engine consumes stream %r", stream.request_id, ev.signal)
+            if ev.value is not None and ev.value.shm is not None:
+                self.codec.decode(ev.value)  # still frees its segment
             return
         if ev.stream_item and ev.value is not None:
             value = self.codec.decode(ev.value)
