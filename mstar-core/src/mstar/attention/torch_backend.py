@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from mstar.attention.backend import AttentionBackend
+from mstar.attention.decode_buffer import BufferStep, DecodeBuffer
 from mstar.attention.metadata import AttentionBatch
 from mstar.kv.cache_manager import KVCacheManager
 
@@ -30,6 +31,7 @@ class _TorchPlan:
     query_gather: torch.Tensor | None
     query_unpad: torch.Tensor | None
     mask: torch.Tensor  # [B, 1, Qmax, Nb*block_size] bool, True = may attend
+    buffer: BufferStep | None = None  # a decode step served by the DecodeBuffer
 
 
 def _build_plan(batch: AttentionBatch, device: torch.device) -> _TorchPlan:
@@ -87,14 +89,18 @@ class TorchAttentionBackend(AttentionBackend):
     """Gathers each row's paged K/V into a padded batch and runs one SDPA call per layer.
 
     Prefill, decode and mixed steps share the same path; ragged rows are handled by padding
-    plus a mask built once per step in ``plan``.
+    plus a mask built once per step in ``plan``. With ``decode_buffer`` (default: on CPU),
+    runs of decode steps over the same rows keep the gathered K/V between steps and append
+    to it (``mstar.attention.decode_buffer``) instead of gathering every step.
     """
 
     name = "torch"
 
-    def __init__(self, kv: KVCacheManager) -> None:
+    def __init__(self, kv: KVCacheManager, decode_buffer: bool | None = None) -> None:
         super().__init__(kv)
         self._plan: _TorchPlan | None = None
+        use_buffer = kv.device.type == "cpu" if decode_buffer is None else decode_buffer
+        self._buffer = DecodeBuffer(kv) if use_buffer else None
 
     def plan(self, batch: AttentionBatch) -> None:
         if batch.block_size != self.kv.block_size:
@@ -102,7 +108,16 @@ class TorchAttentionBackend(AttentionBackend):
                 f"batch was built for block_size {batch.block_size}, "
                 f"cache uses {self.kv.block_size}"
             )
-        self._plan = _build_plan(batch, self.kv.device)
+        plan = _build_plan(batch, self.kv.device)
+        if self._buffer is not None:
+            if batch.is_decode_only:
+                rows = tuple((row.request_id, row.stream) for row in batch.rows)
+                tables = plan.kv_blocks.view(plan.num_rows, -1)
+                step = self._buffer.plan(rows, batch.kv_lens.tolist(), plan.keys_per_row, tables)
+                plan = replace(plan, buffer=step)
+            else:
+                self._buffer.invalidate()
+        self._plan = plan
 
     def run(
         self,
@@ -126,8 +141,13 @@ class TorchAttentionBackend(AttentionBackend):
             blocks = cache.index_select(0, plan.kv_blocks).to(q.dtype)
             return blocks.view(rows, plan.keys_per_row, hkv, head_dim).transpose(1, 2)
 
-        keys = gather(self.kv.k_cache(layer))
-        values = gather(self.kv.v_cache(layer))
+        if plan.buffer is not None:
+            assert self._buffer is not None
+            buffered = self._buffer.keys_values(layer, k, v, plan.keys_per_row)
+            keys, values = (t.to(q.dtype).transpose(1, 2) for t in buffered)
+        else:
+            keys = gather(self.kv.k_cache(layer))
+            values = gather(self.kv.v_cache(layer))
         padded_q = q if plan.query_gather is None else q.index_select(0, plan.query_gather)
         queries = padded_q.reshape(rows, plan.max_query_len, num_q_heads, head_dim)
         out = F.scaled_dot_product_attention(

@@ -1,0 +1,104 @@
+"""The torch backend's K/V of a run of decode steps, contiguous per row, carried across steps.
+
+A paged cache must be gathered into a padded batch before SDPA can read it, and gathering
+every layer's whole K/V on every decode step costs as much memory traffic as the attention
+itself. While consecutive decode steps keep the same rows (same streams, same order, each
+one token longer), this buffer keeps last step's gathered K/V and only the new token's K/V
+is written into it; any other step gathers afresh ("fill"). Its size is the rows' K/V plus
+``HEADROOM_TOKENS`` per row: memory beside the paged cache's budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+
+from mstar.kv.cache_manager import KVCacheManager
+
+HEADROOM_TOKENS = 64  # appended steps a fill allows before the rows outgrow it
+
+
+@dataclass(frozen=True)
+class BufferStep:
+    """How one decode step uses the buffer."""
+
+    fill: bool  # gather every row from the paged cache (else append the new token)
+    capacity: int  # keys per row the buffer holds (a multiple of the block size)
+    fill_blocks: torch.Tensor | None  # [B * capacity/block_size] blocks to gather, on fill
+    append_index: torch.Tensor  # [B] flat buffer row b*capacity + kv_len-1 of the new token
+
+
+class DecodeBuffer:
+    def __init__(self, kv: KVCacheManager) -> None:
+        self.kv = kv
+        self._rows: tuple[tuple[Hashable, str], ...] | None = None
+        self._kv_lens: list[int] = []
+        self._capacity = 0
+        self._written: set[int] = set()  # layers whose new token the last step wrote
+        self._storage: list[tuple[torch.Tensor, torch.Tensor]] = []  # flat K, V per layer
+        self._step: BufferStep | None = None
+
+    def invalidate(self) -> None:
+        """A step that did not go through the buffer: its K/V is stale from now on."""
+        self._rows = None
+        self._step = None
+
+    def plan(
+        self, rows: tuple[tuple[Hashable, str], ...], kv_lens: list[int], keys: int, tables: torch.Tensor
+    ) -> BufferStep:
+        """``keys``: the step's padded keys per row; ``tables``: [B, >= keys/block_size] blocks."""
+        bs = self.kv.block_size
+        appendable = (
+            rows == self._rows
+            and len(self._written) == self.kv.num_layers
+            and keys <= self._capacity
+            and all(n == old + 1 for n, old in zip(kv_lens, self._kv_lens, strict=True))
+        )
+        fill_blocks = None
+        if not appendable:
+            self._capacity = keys + -(-HEADROOM_TOKENS // bs) * bs
+            per_row = self._capacity // bs
+            have = min(per_row, tables.shape[1])
+            fill = torch.zeros(len(rows), per_row, dtype=torch.int64, device=tables.device)
+            fill[:, :have] = tables[:, :have]  # columns past a row's blocks: block 0, masked out
+            fill_blocks = fill.reshape(-1)
+            self._ensure_storage(len(rows) * self._capacity)
+        lens = torch.tensor(kv_lens, dtype=torch.int64, device=self.kv.device)
+        append_index = torch.arange(len(rows), device=self.kv.device) * self._capacity + lens - 1
+        self._rows, self._kv_lens, self._written = rows, kv_lens, set()
+        self._step = BufferStep(not appendable, self._capacity, fill_blocks, append_index)
+        return self._step
+
+    def keys_values(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, keys: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """After the layer's new K/V went into the paged cache: [B, keys, Hkv, D] K and V
+        (views of the buffer), with ``k``/``v`` [B, Hkv, D] (the new token's) in place."""
+        step = self._step
+        assert step is not None, "DecodeBuffer.keys_values before plan"
+        rows, hkv, dim = step.append_index.shape[0], self.kv.num_kv_heads, self.kv.head_dim
+        size = rows * step.capacity * hkv * dim
+        caches = (self.kv.k_cache(layer), self.kv.v_cache(layer))
+        out = []
+        for storage, cache, new in zip(self._storage[layer], caches, (k, v), strict=True):
+            buf = storage[:size].view(rows, step.capacity, hkv, dim)
+            if step.fill:
+                assert step.fill_blocks is not None
+                torch.index_select(cache, 0, step.fill_blocks, out=buf.view(-1, self.kv.block_size, hkv, dim))
+            else:
+                buf.view(-1, hkv, dim).index_copy_(0, step.append_index, new.to(self.kv.dtype))
+            out.append(buf[:, :keys])
+        self._written.add(layer)
+        return out[0], out[1]
+
+    def _ensure_storage(self, tokens: int) -> None:
+        need = tokens * self.kv.num_kv_heads * self.kv.head_dim
+        if self._storage and self._storage[0][0].numel() >= need:
+            return
+        need += need // 4  # room to grow a little without reallocating
+        self._storage = [
+            tuple(torch.empty(need, dtype=self.kv.dtype, device=self.kv.device) for _ in range(2))  # type: ignore[misc]
+            for _ in range(self.kv.num_layers)
+        ]
