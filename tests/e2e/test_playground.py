@@ -1,12 +1,16 @@
 """The playground page at ``/`` in a real headless browser (Debian's chromium, driven by
-Selenium through Debian's chromedriver): against ``mstar serve --model toy
---random-weights`` with an API key, it speaks text (streamed PCM arrives, and the clip
-decodes to a non-empty AudioBuffer), speaks typed text live over the WebSocket route,
-and renders a streamed chat reply; an attached file goes out as a content part. A
-screenshot is saved beside the server log (the path is printed)."""
+Selenium through Debian's chromedriver): against ``mstar serve --model toy --model
+orpheus --random-weights`` with an API key, it speaks text (streamed PCM arrives, and the
+clip decodes to a non-empty AudioBuffer), speaks typed text live over the WebSocket route,
+and renders a streamed chat reply; an attached file goes out as a content part; picking
+Orpheus (speech only) leaves only the speech panel, with Orpheus's voices; the toy's chat
+speaks its answer (the pcm16 the page received and decoded equals the same request's
+audio over HTTP, the transcript renders). Screenshots are saved beside the server log
+(the paths are printed)."""
 
 from __future__ import annotations
 
+import base64
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,9 +31,9 @@ CHROMEDRIVER = shutil.which("chromedriver")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("playground") / "server.log"
-    srv = ServerProcess(["--model", "toy", "--random-weights"], log, api_key=API_KEY)
+    srv = ServerProcess(["--model", "toy", "--model", "orpheus", "--random-weights", "--preprocess-workers", "0"], log, api_key=API_KEY)
     try:
-        srv.start()
+        srv.start(timeout=300)
         yield srv
     finally:
         try:
@@ -144,3 +148,91 @@ def test_playground_speaks_and_chats_in_a_browser(server: ServerProcess, browser
     assert reply.get_attribute("data-state") == "error"
     shown = by_id("error").text
     assert shown.startswith("Chat failed: 400:") and "messages[0]: the toy model reads text parts only" in shown
+
+
+def open_page(server: ServerProcess, browser: Any) -> tuple[Any, Any]:
+    """The page loaded (the key from the first test is in localStorage) and showing the
+    first model: ``(by_id, wait)``."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(f"{server.url}/")
+    by_id = lambda name: browser.find_element(By.ID, name)  # noqa: E731
+    if by_id("api-key").get_attribute("value") != API_KEY:  # this test alone
+        key = by_id("api-key")
+        key.send_keys(API_KEY)
+        browser.execute_script("arguments[0].dispatchEvent(new Event('change'))", key)
+    wait.until(lambda _: by_id("model").get_attribute("data-shown") == "toy")
+    return by_id, wait
+
+
+def option_values(select: Any) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [o.get_attribute("value") for o in select.find_elements(By.TAG_NAME, "option")]
+
+
+def test_the_panels_follow_the_model_picked(server: ServerProcess, browser: Any) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    by_id, wait = open_page(server, browser)
+    cards = {m["id"]: m for m in httpx.get(f"{server.url}/v1/models", headers=server.headers, timeout=10).json()["data"]}
+    assert cards["toy"]["chat_audio"] is True and cards["orpheus"]["chat_audio"] is False
+    assert option_values(by_id("model")) == ["toy", "orpheus"]
+    assert by_id("chat-panel").is_displayed() and by_id("speech-panel").is_displayed()
+    assert by_id("chat-audio-controls").is_displayed() and option_values(by_id("chat-voice")) == ["alloy"]
+
+    Select(by_id("model")).select_by_value("orpheus")
+    wait.until(lambda _: by_id("model").get_attribute("data-shown") == "orpheus")
+    assert by_id("speech-panel").is_displayed()
+    assert not by_id("chat-panel").is_displayed(), "orpheus serves no chat, yet the chat panel shows"
+    assert not by_id("no-panel").is_displayed()
+    voices = httpx.get(f"{server.url}/v1/audio/voices", params={"model": "orpheus"}, headers=server.headers, timeout=10).json()
+    assert option_values(by_id("voice")) == [v["name"] for v in voices["data"]] and "tara" in option_values(by_id("voice"))
+    shot = Path(server.log_path).parent / "playground-orpheus.png"
+    browser.save_screenshot(str(shot))
+    print(f"playground screenshot (orpheus picked): {shot}")
+
+    Select(by_id("model")).select_by_value("toy")
+    wait.until(lambda _: by_id("model").get_attribute("data-shown") == "toy")
+    assert by_id("chat-panel").is_displayed() and by_id("chat-audio-controls").is_displayed()
+    assert option_values(by_id("voice")) == ["alloy"]
+
+
+def test_chat_speaks_the_answer(server: ServerProcess, browser: Any) -> None:
+    by_id, wait = open_page(server, browser)
+    msg = by_id("chat-text")
+    msg.clear()
+    msg.send_keys("Speak to me")
+    tokens = by_id("chat-max-tokens")
+    tokens.clear()
+    tokens.send_keys("24")
+    by_id("chat-seed").send_keys("5")
+    by_id("chat-speak").click()
+    by_id("send").click()
+    reply, status = by_id("chat-reply"), by_id("chat-status")
+    wait.until(lambda _: reply.get_attribute("data-state") in ("done", "error"))
+    assert reply.get_attribute("data-state") == "done", by_id("error").text
+
+    # The same request whole over HTTP: its transcript rendered, its audio is what the page got.
+    body = {"model": "toy", "messages": [{"role": "user", "content": "Speak to me"}], "max_tokens": 24, "seed": 5,
+            "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"}}
+    whole = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=server.headers, timeout=60)
+    assert whole.status_code == 200, whole.text
+    audio = whole.json()["choices"][0]["message"]["audio"]
+    pcm = base64.b64decode(audio["data"])
+    assert len(pcm) > 0 and audio["transcript"].strip()
+    assert reply.get_attribute("textContent") == audio["transcript"]
+    assert int(status.get_attribute("data-audio-bytes")) == len(pcm)
+    rate, decoded_rate = int(status.get_attribute("data-sample-rate")), int(status.get_attribute("data-decoded-rate"))
+    assert rate == int(whole.headers["x-sample-rate"])
+    # The browser decoded the whole clip (resampled to its audio context's rate), and the
+    # pieces scheduled as they arrived played to their end.
+    assert abs(int(status.get_attribute("data-decoded-samples")) - len(pcm) // 2 * decoded_rate / rate) <= 1
+    wait.until(lambda _: int(status.get_attribute("data-played-chunks")) >= 1)
+    assert by_id("chat-audio").is_displayed() and not by_id("error").text
+    shot = Path(server.log_path).parent / "playground-chat-audio.png"
+    browser.save_screenshot(str(shot))
+    print(f"playground screenshot (spoken chat): {shot}")
+    assert shot.stat().st_size > 0

@@ -156,7 +156,17 @@ def endpoints(rt: ServerRuntime) -> list[str]:
     return sorted(e for e in _ENDPOINTS if rt.adapter.serves(e))
 
 
+def chat_audio(rt: ServerRuntime) -> bool:
+    """Whether the model's chat answers ``modalities: ["text", "audio"]`` (what the chat
+    route accepts, so a client can offer it before asking)."""
+    adapter = rt.adapter
+    return adapter.serves(CHAT) and bool(adapter.chat_audio and adapter.audio_signal)
+
+
 def card(rt: ServerRuntime) -> dict[str, Any]:
     """A ``/v1/models`` entry: OpenAI's model object plus the other names the model answers
-    to and the endpoints it serves."""
-    return {**ModelCard(id=rt.model_name, created=rt.created).model_dump(), "aliases": aliases_of(rt), "endpoints": endpoints(rt)}
+    to, the endpoints it serves and whether its chat can answer in audio."""
+    return {
+        **ModelCard(id=rt.model_name, created=rt.created).model_dump(),
+        "aliases": aliases_of(rt), "endpoints": endpoints(rt), "chat_audio": chat_audio(rt),
+    }
