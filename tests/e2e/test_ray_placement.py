@@ -2,8 +2,9 @@
 (``ray.cluster_utils.Cluster``; nodes told apart by custom resources): each group's engine is
 a Ray actor on the node its resources name, reached over TCP. Outputs equal the one-process
 engine's for the toy and Orpheus; killing one actor fails only the requests it held, /health
-reports it, and the group comes back; a peer without the server's secret cannot command an
-engine's TCP socket."""
+reports it, and the group comes back; losing a node does the same for every group on it,
+which come back on a new node; a peer without the server's secret cannot command an
+engine's TCP socket; the actors end with their servers."""
 
 from __future__ import annotations
 
@@ -274,3 +275,41 @@ def test_killed_actor_fails_only_its_requests_and_comes_back(servers, references
     (text, sampling), (tokens, audio) = TOY_REQUESTS[0], references["toy"][0]
     got_tokens, got_audio = _outputs(_generate(toy, "toy", [256, *text.encode()], sampling))
     assert torch.equal(got_tokens, tokens) and torch.equal(got_audio, audio)
+
+
+def test_lost_node_fails_its_requests_and_its_groups_come_back_on_a_new_node(servers, cluster, references, orpheus_prompt):
+    """Last: the worker node goes away with both servers' decoder actors (a toy request
+    streaming); the toy request fails, both servers report the loss, their LM engines on
+    the head live on; a new node with the same resources takes the groups back."""
+    toy, orpheus = servers["toy"], servers["orpheus"]
+    lm_pids = {name: srv.health().json()["engines"]["lm_group"]["pid"] for name, srv in servers.items()}
+    restarts = {name: srv.health().json()["engines"][group]["restarts"] for (name, srv), group in zip(servers.items(), ("decoder_group", "snac_group"), strict=True)}
+    stream = _Stream(toy, "toy", [256, *b"y"], {"max_tokens": 4000, "ignore_eos": True, "seed": 2})
+    stream.start()
+    assert stream.first.wait(60)
+    cluster.remove_node(next(iter(cluster.worker_nodes)))
+    stream.join(60)
+    assert stream.lines[-1].get("finish_reason") == "error", stream.lines[-2:]
+    deadline = time.monotonic() + 60
+    for (name, srv), group in zip(servers.items(), ("decoder_group", "snac_group"), strict=True):
+        while "Ray actor died" not in srv.health().json()["engines"][group].get("last_exit", ""):
+            assert time.monotonic() < deadline, srv.log_tail()
+            time.sleep(0.5)
+        health = srv.health().json()
+        assert health["status"] != "ok" and health["engines"]["lm_group"]["pid"] == lm_pids[name]
+
+    node = cluster.add_node(**NODE_ARGS, resources={"node_b": 2})
+    deadline = time.monotonic() + 240
+    for srv in servers.values():
+        while srv.health().json()["status"] != "ok":
+            assert time.monotonic() < deadline, srv.log_tail()
+            time.sleep(0.5)
+    for (name, srv), group in zip(servers.items(), ("decoder_group", "snac_group"), strict=True):
+        engine = srv.health().json()["engines"][group]
+        assert engine["ray_node_id"] == node.node_id and engine["restarts"] == restarts[name] + 1
+    (text, sampling), (tokens, audio) = TOY_REQUESTS[1], references["toy"][1]
+    got = _outputs(_generate(toy, "toy", [256, *text.encode()], sampling))
+    assert torch.equal(got[0], tokens) and torch.equal(got[1], audio)
+    tokens, audio = references["orpheus"][0]
+    got = _outputs(_generate(orpheus, "orpheus", orpheus_prompt, ORPHEUS_SAMPLING))
+    assert torch.equal(got[0], tokens) and torch.equal(got[1], audio)
