@@ -144,6 +144,35 @@ def test_seeded_speech_is_identical_alone_and_in_a_batch(ckpt, engine):
     assert not torch.equal(torch.cat(greedy.signals["codes"])[:4], torch.cat(alone.signals["codes"])[:4])
 
 
+def test_chunked_prefill_and_preemption_change_nothing(ckpt, engine):
+    """An 8-token budget (the Thinker's prompt rows for the Talker gather over prefill
+    chunks) and a Thinker KV pool of about one request (requests preempted, their caches
+    recomputed): three spoken requests equal each run alone on the roomy engine."""
+    from mstar_qwen3omni.config import TextConfig, load_config
+
+    cases = make_cases(ckpt)
+    requests = []
+    for name in ("image", "audio", "text"):
+        inputs, kwargs = engine_inputs(cases[name].prompt, cases[name].hf_inputs)
+        requests.append({"inputs": inputs, "sampling": GREEDY, "kwargs": kwargs})
+    alone = [engine.run_batch([r])[0] for r in requests]
+    text = TextConfig.from_config(load_config(ckpt))
+    per_token = 2 * text.num_layers * text.num_kv_heads * text.head_dim * 4
+    longest = max(len(cases[n].prompt) for n in ("image", "audio", "text")) + THINKER_TOKENS
+    # the budget is split evenly between the two KV nodes (Thinker, Talker)
+    tight = Engine.from_model("qwen3omni", weights=ckpt, max_num_batched_tokens=8, kv_budget_bytes=2 * (longest + 24) * per_token)
+    try:
+        together = tight.run_batch(requests)
+        assert tight.stats()["preemptions"] > 0
+    finally:
+        tight.close()
+    for a, b in zip(alone, together, strict=True):
+        assert a.error is None and b.error is None, (a.error, b.error)
+        assert b.cat("tokens").tolist() == a.cat("tokens").tolist()
+        assert torch.equal(torch.cat(b.signals["codes"]), torch.cat(a.signals["codes"]))
+        assert (b.cat("audio") - a.cat("audio")).abs().max().item() < WAVE_TOL
+
+
 def test_text_only_requests_never_run_the_talker(ckpt, engine):
     prompt = torch.tensor(make_cases(ckpt)["text"].prompt)
     before = dict(engine.core.stats.forwards_by_group)
