@@ -73,3 +73,16 @@ def test_backend_choice():
         make_backend("local", p, "auto")
     with pytest.raises(ValueError, match="unknown placement backend"):
         make_backend("kubernetes", p)
+
+
+def test_location_keys_combine_with_replicas():
+    [group] = _placement({"enc": {"device": "cpu", "nodes": ["x"], "replicas": 2, "resources": {"enc_node": 1}}}).groups
+    assert (group.replicas, dict(group.resources)) == (2, {"enc_node": 1.0})
+
+
+def test_ray_backend_without_ray_is_a_one_line_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(ValueError, match=r"needs Ray: pip install 'mstar-core\[ray\]'"):
+        make_backend("ray", _placement({"g": {"nodes": ["x"]}}))
