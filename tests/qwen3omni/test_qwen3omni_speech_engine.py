@@ -184,6 +184,23 @@ def test_text_only_requests_never_run_the_talker(ckpt, engine):
     assert engine.core.nodes["talker"].kv.num_used_blocks == 0
 
 
+def test_return_logits_gives_one_per_token_of_each_node(ckpt, engine):
+    """kwarg return_logits: a logits event per Thinker token and per Talker frame (the
+    Thinker's withheld end token, whose fed-back embedding still goes to the Talker, has none)."""
+    prompt = torch.tensor(make_cases(ckpt)["text"].prompt)
+    first = engine.run_batch([{"inputs": {"prompt_ids": prompt}, "sampling": GREEDY}])[0].cat("tokens").tolist()
+    end = first[5]  # made an end token: the Thinker stops there, withholding it
+    sampling = {**GREEDY, "thinker": {"temperature": 0, "max_tokens": 30, "stop_token_ids": [end]}}
+    out = engine.run_batch([{"inputs": {"prompt_ids": prompt}, "sampling": sampling,
+                             "kwargs": {**SPEECH, "return_logits": True}}])[0]
+    assert out.error is None, out.error
+    assert out.cat("tokens").tolist() == first[: first.index(end)]
+    vocab = engine.built.node_samplers["thinker"].vocab_size
+    thinker = [x for x in out.signals["logits"] if x.shape[-1] == vocab]
+    assert len(thinker) == len(out.cat("tokens")) and len(out.signals["logits"]) - len(thinker) == len(out.signals["codes"])
+    assert [int(x.argmax()) for x in thinker] == out.cat("tokens").tolist()
+
+
 def test_a_thinker_that_ends_at_once_speaks_nothing(ckpt, engine):
     """One Thinker token (its last is never spoken): no frame, no audio, the text intact
     (transformers' generate fails on this input)."""

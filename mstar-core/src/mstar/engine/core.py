@@ -207,7 +207,9 @@ class EngineCore:
         routed = [name for name in row.step.outputs if name in outputs and name not in check.withheld]
         for name in routed:
             self._route(req, name, outputs[name])
-        if row.logits is not None and routed:  # logits go with the step's outputs, not a withheld stop
+        # Logits go with what the client gets of the step, not with a withheld stop (whose
+        # outputs for other partitions, e.g. a fed-back token's embedding, still go on).
+        if row.logits is not None and any(self._to_client(name) for name in routed):
             self._emit(RequestOutput(req.id, signal=LOGITS, data=row.logits))
         if check.reason and not req.finish_reason:
             req.finish_reason = check.reason
@@ -215,6 +217,10 @@ class EngineCore:
         cursor.stop(check.stops)
         cursor.step_done(row.step)
         self.cursor_moved(req, row.partition)
+
+    def _to_client(self, name: str) -> bool:
+        sig = self.graph.signals.get(name)
+        return sig is not None and sig.to_client
 
     def _route(self, req: Request, name: str, value: torch.Tensor) -> None:
         req.signals[name] = value
