@@ -11,6 +11,7 @@ audio over HTTP, the transcript renders). Screenshots are saved beside the serve
 from __future__ import annotations
 
 import base64
+import io
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,6 +174,22 @@ def option_values(select: Any) -> list[str]:
     return [o.get_attribute("value") for o in select.find_elements(By.TAG_NAME, "option")]
 
 
+def page_clip(browser: Any, audio_id: str) -> bytes:
+    """The WAV clip the page built for its ``<audio id=audio_id>`` player, read back from
+    its blob URL."""
+    script = """
+        const done = arguments[arguments.length - 1];
+        fetch(document.getElementById(arguments[0]).src).then((r) => r.arrayBuffer()).then((buf) => {
+          let bin = "";
+          for (const b of new Uint8Array(buf)) bin += String.fromCharCode(b);
+          done(btoa(bin));
+        }).catch((err) => done("error: " + err));
+    """
+    out = browser.execute_async_script(script, audio_id)
+    assert not out.startswith("error"), out
+    return base64.b64decode(out)
+
+
 def test_the_panels_follow_the_model_picked(server: ServerProcess, browser: Any) -> None:
     from selenium.webdriver.support.ui import Select
 
@@ -225,12 +242,16 @@ def test_chat_speaks_the_answer(server: ServerProcess, browser: Any) -> None:
     assert len(pcm) > 0 and audio["transcript"].strip()
     assert reply.get_attribute("textContent") == audio["transcript"]
     assert int(status.get_attribute("data-audio-bytes")) == len(pcm)
+    clip, clip_rate = sf.read(io.BytesIO(page_clip(browser, "chat-audio")), dtype="int16")
+    assert clip.tobytes() == pcm  # the very samples the server sent
     rate, decoded_rate = int(status.get_attribute("data-sample-rate")), int(status.get_attribute("data-decoded-rate"))
-    assert rate == int(whole.headers["x-sample-rate"])
+    assert rate == clip_rate == int(whole.headers["x-sample-rate"])
     # The browser decoded the whole clip (resampled to its audio context's rate), and the
     # pieces scheduled as they arrived played to their end.
     assert abs(int(status.get_attribute("data-decoded-samples")) - len(pcm) // 2 * decoded_rate / rate) <= 1
-    wait.until(lambda _: int(status.get_attribute("data-played-chunks")) >= 1)
+    pieces = int(status.get_attribute("data-audio-pieces"))
+    assert pieces >= 2  # the toy speaks each chunk of codes as it comes
+    wait.until(lambda _: int(status.get_attribute("data-played-chunks")) == pieces)
     assert by_id("chat-audio").is_displayed() and not by_id("error").text
     shot = Path(server.log_path).parent / "playground-chat-audio.png"
     browser.save_screenshot(str(shot))

@@ -333,7 +333,7 @@ async function send() {
   const speakIt = !$("chat-audio-controls").hidden && $("chat-speak").checked;
   reply.textContent = "";
   reply.dataset.state = "streaming";
-  for (const key of ["audioBytes", "playedChunks", "sampleRate", "decodedSamples", "decodedRate"]) delete status.dataset[key];
+  for (const key of ["audioBytes", "audioPieces", "playedChunks", "sampleRate", "decodedSamples", "decodedRate"]) delete status.dataset[key];
   $("chat-audio").hidden = true;
   const started = performance.now();
   try {
@@ -345,6 +345,10 @@ async function send() {
       stream_options: { include_usage: true },
     };
     if ($("chat-seed").value !== "") body.seed = Number($("chat-seed").value);
+    const sampling = $("chat-sampling").value.trim();
+    if (sampling) {
+      try { body.sampling = JSON.parse(sampling); } catch (err) { throw new Error(`Sampling is not JSON: ${err.message}`); }
+    }
     if (speakIt) {
       body.modalities = ["text", "audio"];
       body.audio = { format: "pcm16" };
@@ -384,6 +388,7 @@ async function send() {
             player.push(base64Bytes(delta.audio.data));
             if (firstAudioMs === null) firstAudioMs = performance.now() - started;
             status.dataset.audioBytes = String(player.bytes);
+            status.dataset.audioPieces = String(player.parts.length);
             status.textContent = `speaking: ${player.bytes} bytes at ${player.rate} Hz, first audio after ${firstAudioMs.toFixed(0)} ms`;
           }
         }
