@@ -162,3 +162,18 @@ def test_a_request_is_sent_only_to_the_engines_it_needs():
     assert drain(stream)[-1].reason == "stop"
     with pytest.raises(ApiError):
         router.submit("r2", {"ids": torch.tensor([1])}, {}, {}, None)
+
+
+def test_kwargs_the_walk_choice_rejects_are_a_400():
+    """engines_for runs the model's state machine on the kwargs; its ValueError (e.g. an
+    unknown voice) answers the caller with a 400, not a server error."""
+    def engines_for(kwargs):
+        if kwargs.get("voice") == "nobody":
+            raise ValueError("unknown voice 'nobody'; this checkpoint has ['ethan']")
+        return {"a"}
+
+    engines = {"a": FakeEngine("a")}
+    router = Router(engines, {}, TensorCodec("mstar_routertest_", threshold=1 << 20), engines_for=engines_for)
+    with pytest.raises(ApiError) as err:
+        router.submit("r", {"ids": torch.tensor([1])}, {}, {"voice": "nobody"}, None)
+    assert err.value.status == 400 and "ethan" in str(err.value) and engines["a"].sent == [] and "r" not in router.streams

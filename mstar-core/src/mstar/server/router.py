@@ -168,7 +168,10 @@ class Router:
         kwargs: dict[str, Any],
         signals: list[str] | None,
     ) -> RequestStream:
-        groups = self.engines_for(kwargs) if self.engines_for is not None else set(self.replicas or self.engines)
+        try:  # the model's walk choice reads the kwargs: a bad one is the caller's error
+            groups = self.engines_for(kwargs) if self.engines_for is not None else set(self.replicas or self.engines)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), code="invalid_request") from None
         check_wire_values(sampling, kwargs)
         pin = self.pinned.pop(request_id, None)
         routes = {g: self._pick(g, kwargs, signals, pin) for g in sorted(groups)}
