@@ -186,12 +186,18 @@ def toy_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def start_server(tmp_path_factory: pytest.TempPathFactory, toy_checkpoint: Path) -> Iterator:
     """``start_server(extra_args, api_key=None, env=None) -> ServerProcess``; stopped at
-    session end unless the test stopped it. A later ``--model`` in ``extra_args`` wins."""
+    session end unless the test stopped it. A ``--model`` in ``extra_args`` replaces the toy
+(on the toy's weights)."""
     servers: list[ServerProcess] = []
 
     def start(extra: list[str] | None = None, api_key: str | None = None, env: dict[str, str] | None = None) -> ServerProcess:
         log = tmp_path_factory.mktemp("server") / "server.log"
-        server = ServerProcess(["--model", "toy", "--weights", str(toy_checkpoint), *(extra or [])], log, api_key, env)
+        extra, model = list(extra or []), "toy"
+        if "--model" in extra:  # one model on the toy's weights (a repeated --model would add a second)
+            i = extra.index("--model")
+            model = extra.pop(i + 1)
+            del extra[i]
+        server = ServerProcess(["--model", model, "--weights", str(toy_checkpoint), *extra], log, api_key, env)
         servers.append(server)
         server.start()
         return server
