@@ -1,14 +1,16 @@
 """Engine overhead: toy LM decode tokens/s through ``mstar.Engine`` vs a bare loop over the
 same modules with a preallocated contiguous KV cache, at batch 1, 8 and 32, in one run.
 
-    .venv/bin/python benchmarks/engine_overhead.py [--layers 8 --hidden 512 --tokens 64]
+    .venv/bin/python benchmarks/engine_overhead.py [--layers 8 --hidden 512 --tokens 64 --rounds 1]
 
-Prints a table; the ratio is engine / bare (1.0 = no overhead).
+Prints a table; the ratio is engine / bare (1.0 = no overhead), of wall-clock tokens/s and
+of tokens per CPU second (the process's, all threads: steadier on a shared machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +44,14 @@ class ContiguousCache:
         vv = self.v[layer, :, :end].transpose(1, 2)
         out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=t > 1, enable_gqa=True)
         return out.transpose(1, 2).reshape(b * t, *q.shape[1:])
+
+
+def timed(fn, *args) -> tuple[float, float]:
+    """``fn(*args)`` returns wall-clock tokens/s; also tokens per CPU second of this process."""
+    cpu = time.process_time()
+    rate = fn(*args)
+    batch, tokens = args[-2], args[-1]
+    return rate, batch * tokens / (time.process_time() - cpu)
 
 
 def bare_loop(lm: ToyLM, prompt_len: int, batch: int, tokens: int) -> float:
@@ -80,6 +90,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per batch; medians are printed")
     args = ap.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
@@ -94,11 +105,14 @@ def main() -> None:
         engine_run(engine, args.prompt, 2, 4)  # warm-up
         bare_loop(lm, args.prompt, 2, 4)
         print(f"toy LM: {args.layers} layers, hidden {args.hidden}, prompt {args.prompt}, {args.tokens} new tokens, torch threads {torch.get_num_threads()}")
-        print(f"{'batch':>5} | {'bare tok/s':>10} | {'engine tok/s':>12} | {'engine/bare':>11}")
+        print(f"{'batch':>5} | {'bare tok/s':>10} | {'engine tok/s':>12} | {'engine/bare':>11} | {'per CPU s':>9}")
         for b in (int(x) for x in args.batches.split(",")):
-            bare = bare_loop(lm, args.prompt, b, args.tokens)
-            eng = engine_run(engine, args.prompt, b, args.tokens)
-            print(f"{b:>5} | {bare:>10.1f} | {eng:>12.1f} | {eng / bare:>11.2f}")
+            runs = [
+                (timed(bare_loop, lm, args.prompt, b, args.tokens), timed(engine_run, engine, args.prompt, b, args.tokens))
+                for _ in range(args.rounds)
+            ]
+            bare, bare_cpu, eng, eng_cpu = (statistics.median(r[i][j] for r in runs) for i in (0, 1) for j in (0, 1))
+            print(f"{b:>5} | {bare:>10.1f} | {eng:>12.1f} | {eng / bare:>11.2f} | {eng_cpu / bare_cpu:>9.2f}")
         engine.close()
 
 
