@@ -1,9 +1,10 @@
 """The playground page at ``/`` in a real headless browser (Debian's chromium, driven by
 Selenium through Debian's chromedriver): against ``mstar serve --model toy --model
-orpheus --random-weights`` with an API key, it speaks text (streamed PCM arrives, and the
+orpheus --model vjepa2 --random-weights`` with an API key, it speaks text (streamed PCM arrives, and the
 clip decodes to a non-empty AudioBuffer), speaks typed text live over the WebSocket route,
 and renders a streamed chat reply; an attached file goes out as a content part; picking
-Orpheus (speech only) leaves only the speech panel, with Orpheus's voices; the toy's chat
+Orpheus (speech only) leaves only the speech panel, with Orpheus's voices, and closes a
+live session; V-JEPA 2 (neither) shows no panel but a pointer to the native API; the toy's chat
 speaks its answer (the pcm16 the page received and decoded equals the same request's
 audio over HTTP, the transcript renders). Screenshots are saved beside the server log
 (the paths are printed)."""
@@ -32,7 +33,8 @@ CHROMEDRIVER = shutil.which("chromedriver")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("playground") / "server.log"
-    srv = ServerProcess(["--model", "toy", "--model", "orpheus", "--random-weights", "--preprocess-workers", "0"], log, api_key=API_KEY)
+    args = ["--model", "toy", "--model", "orpheus", "--model", "vjepa2", "--random-weights", "--preprocess-workers", "0"]
+    srv = ServerProcess(args, log, api_key=API_KEY)
     try:
         srv.start(timeout=300)
         yield srv
@@ -152,18 +154,17 @@ def test_playground_speaks_and_chats_in_a_browser(server: ServerProcess, browser
 
 
 def open_page(server: ServerProcess, browser: Any) -> tuple[Any, Any]:
-    """The page loaded (the key from the first test is in localStorage) and showing the
-    first model: ``(by_id, wait)``."""
+    """The page loaded with the key (kept in localStorage) and showing the first model:
+    ``(by_id, wait)``."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     wait = WebDriverWait(browser, 60)
     browser.get(f"{server.url}/")
+    if browser.execute_script("return localStorage.getItem('mstar-api-key')") != API_KEY:  # this test alone
+        browser.execute_script("localStorage.setItem('mstar-api-key', arguments[0])", API_KEY)
+        browser.get(f"{server.url}/")
     by_id = lambda name: browser.find_element(By.ID, name)  # noqa: E731
-    if by_id("api-key").get_attribute("value") != API_KEY:  # this test alone
-        key = by_id("api-key")
-        key.send_keys(API_KEY)
-        browser.execute_script("arguments[0].dispatchEvent(new Event('change'))", key)
     wait.until(lambda _: by_id("model").get_attribute("data-shown") == "toy")
     return by_id, wait
 
@@ -196,12 +197,17 @@ def test_the_panels_follow_the_model_picked(server: ServerProcess, browser: Any)
     by_id, wait = open_page(server, browser)
     cards = {m["id"]: m for m in httpx.get(f"{server.url}/v1/models", headers=server.headers, timeout=10).json()["data"]}
     assert cards["toy"]["chat_audio"] is True and cards["orpheus"]["chat_audio"] is False
-    assert option_values(by_id("model")) == ["toy", "orpheus"]
+    assert option_values(by_id("model")) == ["toy", "orpheus", "vjepa2"]
     assert by_id("chat-panel").is_displayed() and by_id("speech-panel").is_displayed()
     assert by_id("chat-audio-controls").is_displayed() and option_values(by_id("chat-voice")) == ["alloy"]
+    assert not by_id("no-panel").is_displayed()
+    by_id("live").click()  # a live session with the toy ...
+    live = by_id("live-status")
+    wait.until(lambda _: live.get_attribute("data-state") == "open")
 
     Select(by_id("model")).select_by_value("orpheus")
     wait.until(lambda _: by_id("model").get_attribute("data-shown") == "orpheus")
+    assert live.get_attribute("data-state") == "closed" and not by_id("live").is_selected()  # ... ends on a switch
     assert by_id("speech-panel").is_displayed()
     assert not by_id("chat-panel").is_displayed(), "orpheus serves no chat, yet the chat panel shows"
     assert not by_id("no-panel").is_displayed()
@@ -211,10 +217,15 @@ def test_the_panels_follow_the_model_picked(server: ServerProcess, browser: Any)
     browser.save_screenshot(str(shot))
     print(f"playground screenshot (orpheus picked): {shot}")
 
+    Select(by_id("model")).select_by_value("vjepa2")  # generate only
+    wait.until(lambda _: by_id("model").get_attribute("data-shown") == "vjepa2")
+    assert not by_id("speech-panel").is_displayed() and not by_id("chat-panel").is_displayed()
+    assert by_id("no-panel").is_displayed() and "/v1/generate" in by_id("no-panel").text
+
     Select(by_id("model")).select_by_value("toy")
     wait.until(lambda _: by_id("model").get_attribute("data-shown") == "toy")
     assert by_id("chat-panel").is_displayed() and by_id("chat-audio-controls").is_displayed()
-    assert option_values(by_id("voice")) == ["alloy"]
+    assert not by_id("no-panel").is_displayed() and option_values(by_id("voice")) == ["alloy"]
 
 
 def test_chat_speaks_the_answer(server: ServerProcess, browser: Any) -> None:

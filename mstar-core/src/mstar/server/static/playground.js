@@ -64,7 +64,7 @@ async function showModel() {
   const card = cards.get(select.value) || { endpoints: [], chat_audio: false };
   const speech = card.endpoints.includes("speech");
   const chat = card.endpoints.includes("chat");
-  closeLive(); // a live session speaks with the model it was opened for
+  if (live && live.model !== select.value) closeLive(); // it speaks with the model it was opened for
   $("speech-panel").hidden = !speech;
   $("chat-panel").hidden = !chat;
   $("chat-audio-controls").hidden = !(chat && card.chat_audio);
@@ -221,7 +221,7 @@ async function speak() {
 
 // ---- live speech: typed text goes over WS /v1/audio/speech/stream, sentence by sentence ----
 
-let live = null; // {ws, sent, player, segments}
+let live = null; // {ws, model, sent, player, segments}
 
 function base64url(text) {
   const bytes = new TextEncoder().encode(text);
@@ -246,9 +246,9 @@ async function startLive() {
   const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/audio/speech/stream`;
   const ws = new WebSocket(url, protocols);
   ws.binaryType = "arraybuffer";
-  live = { ws, sent: 0, player: new PcmPlayer(ctx, 16000), segments: 0 };
+  live = { ws, model: $("model").value, sent: 0, player: new PcmPlayer(ctx, 16000), segments: 0 };
   ws.onopen = () => {
-    const session = { type: "session", model: $("model").value };
+    const session = { type: "session", model: live.model };
     if ($("voice").value) session.voice = $("voice").value;
     if ($("speech-seed").value !== "") session.seed = Number($("speech-seed").value);
     ws.send(JSON.stringify(session));
