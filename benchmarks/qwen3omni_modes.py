@@ -44,6 +44,7 @@ import asyncio
 import base64
 import copy
 import io
+import shutil
 import statistics
 import tempfile
 import time
@@ -315,7 +316,8 @@ def run_hf(model: Any, reqs: list[Any], speaks: bool, tokens: int, frames: int, 
 
 
 def stage_shares(engine: Any, reqs: list[Any], tokens: int, frames: int) -> dict[str, tuple[float, int]]:
-    """Each node's (share of the engine's busy time, forwards run) for ``reqs`` submitted together."""
+    """Each node's and each node.walk's (share of the engine's busy time, forwards run) for
+    ``reqs`` submitted together; nodes first, largest share first."""
     busy: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     patched = []
@@ -328,8 +330,10 @@ def stage_shares(engine: Any, reqs: list[Any], tokens: int, frames: int) -> dict
             out = _orig(walk, rows)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            busy[_name] += time.perf_counter() - t0
-            calls[_name] += 1
+            walks = "+".join(sorted({r.walk for r in rows}))  # the rows' own walks: a mixed forward names both
+            for key in (_name, f"{_name}.{walks}"):
+                busy[key] += time.perf_counter() - t0
+                calls[key] += 1
             return out
 
         ex.run = timed
@@ -343,8 +347,8 @@ def stage_shares(engine: Any, reqs: list[Any], tokens: int, frames: int) -> dict
         for ex in patched:
             del ex.run
     assert all(o.error is None for o in outs), [o.error for o in outs]
-    total = sum(busy.values())
-    return {k: (v / total, calls[k]) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])}
+    total = sum(v for k, v in busy.items() if "." not in k)
+    return {k: (v / total, calls[k]) for k, v in sorted(busy.items(), key=lambda kv: ("." in kv[0], -kv[1]))}
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -393,6 +397,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=12, help="Talker frames per spoken request (the last one dropped)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--stage-concurrency", type=int, default=8, help="0: skip the stage breakdown")
+    ap.add_argument("--keep-checkpoint", action="store_true", help="leave the random checkpoint in its temporary directory")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra mstar serve argument (repeatable)")
     args = ap.parse_args()
 
@@ -444,7 +449,11 @@ def main() -> None:
             stages[mode] = stage_shares(engine, reqs[mode][: args.stage_concurrency], args.tokens, args.frames)
         engine.close()
     print_table(args, rows, stages)
-    print(f"\ncheckpoint {ckpt}, server log {server.log_path}")
+    print(f"\nserver log {server.log_path}")
+    if args.keep_checkpoint:
+        print(f"checkpoint {ckpt}")
+    else:
+        shutil.rmtree(ckpt)
 
 
 def print_table(args: argparse.Namespace, rows: list[Any], stages: dict[str, dict[str, tuple[float, int]]]) -> None:
@@ -463,11 +472,13 @@ def print_table(args: argparse.Namespace, rows: list[Any], stages: dict[str, dic
               f"{fmt(med(ours, 'tok_s'), med(theirs, 'tok_s'))} | {ttft} | {ttfa} | {audio} | {rtf} |")
     if stages:
         print(f"\nstage shares of the in-process engine's busy time, {args.stage_concurrency} requests at once:\n")
-        print("| mode | bound by | node: share of busy time (forwards) |")
-        print("|---|---|---|")
+        print("| mode | bound by | node: share of busy time (forwards) | node.walk: share (forwards) |")
+        print("|---|---|---|---|")
         for mode, shares in stages.items():
-            top = next(iter(shares))
-            print(f"| {mode} | {top} | {', '.join(f'{k} {v:.0%} ({n})' for k, (v, n) in shares.items())} |")
+            nodes = {k: v for k, v in shares.items() if "." not in k}
+            walks = {k: v for k, v in shares.items() if "." in k}
+            print(f"| {mode} | {next(iter(nodes))} | {', '.join(f'{k} {v:.0%} ({n})' for k, (v, n) in nodes.items())} | "
+                  f"{', '.join(f'{k} {v:.0%} ({n})' for k, (v, n) in walks.items())} |")
 
 
 if __name__ == "__main__":
