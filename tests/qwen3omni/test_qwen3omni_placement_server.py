@@ -5,17 +5,12 @@ request never reaches the Talker's or Code2Wav's process."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 import torch
+from omni_server import omni_server
 
 pytestmark = pytest.mark.e2e
 
@@ -37,36 +32,8 @@ SAMPLING = {
 def server(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("qwen3omni-placement")
     (tmp / "placement.yaml").write_text(PLACEMENT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (tmp / "server.log").open("wb")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mstar.cli", "serve", "--model", "qwen3omni", "--random-weights", "--port", str(port),
-         "--config", str(tmp / "placement.yaml"), "--preprocess-workers", "0"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 480  # a loaded 2-core machine: three engines start one after another
-    try:
-        while True:
-            assert proc.poll() is None, f"server exited with {proc.returncode}: {Path(log.name).read_text()[-3000:]}"
-            assert time.monotonic() < deadline, Path(log.name).read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    with omni_server(["--config", str(tmp / "placement.yaml"), "--preprocess-workers", "0"], tmp / "server.log") as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def _generate(url: str, kwargs: dict) -> dict[str, torch.Tensor]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from omni_server import omni_server
 
 pytestmark = pytest.mark.e2e
 
@@ -46,37 +45,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     pip(["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(root / "wheels"), str(src)])
     pip(["install", "--no-deps", "--no-index", "--target", str(root / "site"), *map(str, (root / "wheels").glob("*.whl"))])
     (root / "placement.yaml").write_text(PLACEMENT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log_path = root / "server.log"
-    log = log_path.open("wb")
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(root / "site")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mstar.cli", "serve", "--model", "qwen3omni", "--random-weights", "--port", str(port),
-         "--config", str(root / "placement.yaml"), "--preprocess-workers", "0", "--engine-threads", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600  # three engine processes on a loaded 2-core machine
-    try:
-        while True:
-            assert proc.poll() is None, f"server exited with {proc.returncode}: {log_path.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    args = ["--config", str(root / "placement.yaml"), "--preprocess-workers", "0", "--engine-threads", "1"]
+    with omni_server(args, root / "server.log", env={"PYTHONPATH": path}) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def requests_of(url: str, engine: str, replica: int) -> float:

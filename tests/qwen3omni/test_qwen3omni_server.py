@@ -8,12 +8,6 @@ from __future__ import annotations
 
 import base64
 import io
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
@@ -22,6 +16,7 @@ import httpx
 import openai
 import pytest
 import torch
+from omni_server import omni_server
 
 pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).parent / "fixtures" / "processor"
@@ -75,36 +70,9 @@ def _user(*parts: dict) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (tmp_path_factory.mktemp("qwen3omni-server") / "server.log").open("wb")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mstar.cli", "serve", "--model", "qwen3omni", "--random-weights", "--port", str(port),
-         "--preprocess-workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 480  # a loaded 2-core machine: writing the random checkpoint and warming up take minutes
-    try:
-        while True:
-            assert proc.poll() is None, f"server exited with {proc.returncode}: {Path(log.name).read_text()[-3000:]}"
-            assert time.monotonic() < deadline, Path(log.name).read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    log = tmp_path_factory.mktemp("qwen3omni-server") / "server.log"
+    with omni_server(["--preprocess-workers", "1"], log) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 @pytest.fixture(scope="module")

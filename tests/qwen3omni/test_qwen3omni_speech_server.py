@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import base64
 import io
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import numpy as np
 import openai
 import pytest
 import soundfile as sf
+from omni_server import omni_server
 
 pytestmark = pytest.mark.e2e
 
@@ -33,36 +27,9 @@ TALKER = {"nodes": {"talker": {"max_tokens": 40}}}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (tmp_path_factory.mktemp("qwen3omni-speech-server") / "server.log").open("wb")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mstar.cli", "serve", "--model", "qwen3omni", "--random-weights", "--port", str(port),
-         "--preprocess-workers", "0"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 480  # a loaded 2-core machine: the random checkpoint and warm-up take minutes
-    try:
-        while True:
-            assert proc.poll() is None, f"server exited with {proc.returncode}: {Path(log.name).read_text()[-3000:]}"
-            assert time.monotonic() < deadline, Path(log.name).read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    log = tmp_path_factory.mktemp("qwen3omni-speech-server") / "server.log"
+    with omni_server(["--preprocess-workers", "0"], log) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 @pytest.fixture(scope="module")
