@@ -14,8 +14,8 @@ LAYERS, HQ, HKV, DIM = 2, 4, 2, 8
 class Pair:
     """The same steps through a buffered and an unbuffered backend, each on its own cache."""
 
-    def __init__(self, block_size: int) -> None:
-        self.caches = [KVCacheManager(LAYERS, HKV, DIM, block_size, num_blocks=256) for _ in range(2)]
+    def __init__(self, block_size: int, num_blocks: int = 256) -> None:
+        self.caches = [KVCacheManager(LAYERS, HKV, DIM, block_size, num_blocks=num_blocks) for _ in range(2)]
         for kv in self.caches:  # identical finite garbage in every slot
             gen = torch.Generator().manual_seed(1)
             for layer in range(LAYERS):
@@ -65,10 +65,20 @@ def test_buffered_decode_equals_gathering_every_step() -> None:
 
 
 def test_rows_outgrowing_the_buffer_refill() -> None:
-    p = Pair(block_size=3)
+    p = Pair(block_size=3, num_blocks=512)
     p.step([("a", 2), ("b", 9)])
     for _ in range(HEADROOM_TOKENS + 6):
         p.step([("a", 1), ("b", 1)])
     fills = [i for i, m in enumerate(p.modes) if m == "fill"]
     assert fills[0] == 1 and len(fills) >= 2  # appended until the headroom ran out
     assert p.modes.count("append") >= HEADROOM_TOKENS
+
+
+def test_rows_over_the_memory_budget_gather_instead() -> None:
+    # 64 blocks of 4: the buffer may hold 64 tokens, less than two rows plus their headroom.
+    p = Pair(block_size=4, num_blocks=64)
+    p.step([("a", 7), ("b", 13)])
+    for _ in range(3):
+        p.step([("a", 1), ("b", 1)])
+    assert p.modes == ["gather"] * 4
+    assert not p.buffered._buffer._storage  # nothing was allocated beside the paged cache

@@ -5,7 +5,9 @@ every layer's whole K/V on every decode step costs as much memory traffic as the
 itself. While consecutive decode steps keep the same rows (same streams, same order, each
 one token longer), this buffer keeps last step's gathered K/V and only the new token's K/V
 is written into it; any other step gathers afresh ("fill"). Its size is the rows' K/V plus
-``HEADROOM_TOKENS`` per row: memory beside the paged cache's budget.
+``HEADROOM_TOKENS`` per row: memory beside the paged cache's budget, so a step whose rows
+would need more than ``1/BUDGET_DIVISOR`` of the paged cache's tokens does not use it (the
+backend gathers per layer as without a buffer).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from mstar.kv.cache_manager import KVCacheManager
 
 HEADROOM_TOKENS = 64  # appended steps a fill allows before the rows outgrow it
+BUDGET_DIVISOR = 4  # the buffer holds at most a quarter of the paged cache's tokens
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,11 @@ class DecodeBuffer:
         self._written: set[int] = set()  # layers whose new token the last step wrote
         self._storage: list[tuple[torch.Tensor, torch.Tensor]] = []  # flat K, V per layer
         self._step: BufferStep | None = None
+
+    def fits(self, rows: int, keys: int) -> bool:
+        """Whether ``rows`` rows of ``keys`` padded keys (plus headroom) stay within the budget."""
+        headroom = -(-HEADROOM_TOKENS // self.kv.block_size) * self.kv.block_size
+        return rows * (keys + headroom) <= self.kv.num_blocks * self.kv.block_size // BUDGET_DIVISOR
 
     def invalidate(self) -> None:
         """A step that did not go through the buffer: its K/V is stale from now on."""

@@ -110,7 +110,7 @@ class TorchAttentionBackend(AttentionBackend):
             )
         plan = _build_plan(batch, self.kv.device)
         if self._buffer is not None:
-            if batch.is_decode_only:
+            if batch.is_decode_only and self._buffer.fits(plan.num_rows, plan.keys_per_row):
                 rows = tuple((row.request_id, row.stream) for row in batch.rows)
                 tables = plan.kv_blocks.view(plan.num_rows, -1)
                 step = self._buffer.plan(rows, batch.kv_lens.tolist(), plan.keys_per_row, tables)
