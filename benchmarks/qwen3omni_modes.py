@@ -49,7 +49,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -183,7 +183,6 @@ class Timing:
     tokens: int = 0
     audio_seconds: float = 0.0
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 _decode = msgspec.json.Decoder()
@@ -194,6 +193,7 @@ async def stream_spoken_chat(client: httpx.AsyncClient, body: dict[str, Any]) ->
     t = Timing()
     start = time.perf_counter()
     pcm = 0
+    done = False
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
@@ -201,7 +201,10 @@ async def stream_spoken_chat(client: httpx.AsyncClient, body: dict[str, Any]) ->
             return t
         async for line in response.aiter_lines():
             now = time.perf_counter() - start
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            if not line.startswith("data:"):
+                continue
+            if line[5:].strip() == "[DONE]":
+                done = True
                 continue
             event = _decode.decode(line[5:].strip())
             if "error" in event:
@@ -217,6 +220,8 @@ async def stream_spoken_chat(client: httpx.AsyncClient, body: dict[str, Any]) ->
                     pcm += len(base64.b64decode(audio["data"]))
     t.latency = time.perf_counter() - start
     t.audio_seconds = pcm / 2 / SAMPLE_RATE
+    if not done and t.error is None:
+        t.error = "the stream ended without data: [DONE]"
     return t
 
 
