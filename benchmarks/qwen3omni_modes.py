@@ -264,6 +264,7 @@ class FirstToken:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.start = 0.0  # set by hf_generate when the call starts
         self.time: float | None = None
 
     def put(self, value: torch.Tensor) -> None:
@@ -292,9 +293,10 @@ def hf_batch(reqs: list[Any], device: str, dtype: torch.dtype) -> dict[str, torc
     return batch
 
 
-def run_hf(model: Any, reqs: list[Any], speaks: bool, tokens: int, frames: int, device: str, dtype: torch.dtype) -> tuple[float, list[Timing]]:
+def hf_generate(model: Any, reqs: list[Any], speaks: bool, tokens: int, frames: int, device: str, dtype: torch.dtype,
+                streamer: FirstToken | None = None) -> tuple[torch.Tensor, list[torch.Tensor], float]:
+    """(generated ids [c, tokens], one waveform per request (none for text), wall seconds)."""
     batch = hf_batch(reqs, device, dtype)
-    streamer = FirstToken()
     kw: dict[str, Any] = dict(thinker_max_new_tokens=tokens, thinker_min_new_tokens=tokens, thinker_do_sample=False,
                               thinker_streamer=streamer, return_audio=speaks)
     if speaks:
@@ -302,6 +304,8 @@ def run_hf(model: Any, reqs: list[Any], speaks: bool, tokens: int, frames: int, 
     if device == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
+    if streamer is not None:
+        streamer.start = start
     with torch.no_grad():
         out = model.generate(**batch, **kw)
     if device == "cuda":
@@ -310,14 +314,42 @@ def run_hf(model: Any, reqs: list[Any], speaks: bool, tokens: int, frames: int, 
     seq = out[0] if speaks else (out.sequences if hasattr(out, "sequences") else out)
     assert seq.shape[1] == batch["input_ids"].shape[1] + tokens, seq.shape
     waves = ([] if not speaks else out[1] if isinstance(out[1], list) else [out[1].reshape(-1)])
+    return seq[:, batch["input_ids"].shape[1]:], waves, wall
+
+
+def run_hf(model: Any, reqs: list[Any], speaks: bool, tokens: int, frames: int, device: str, dtype: torch.dtype) -> tuple[float, list[Timing]]:
+    streamer = FirstToken()
+    _, waves, wall = hf_generate(model, reqs, speaks, tokens, frames, device, dtype, streamer)
     assert streamer.time is not None
-    ttft = streamer.time - start
+    ttft = streamer.time - streamer.start
     timings = [Timing(latency=wall, first_text=ttft, first_audio=wall if speaks else None, tokens=tokens,
                       audio_seconds=waves[i].numel() / SAMPLE_RATE if speaks else 0.0) for i in range(len(reqs))]
     return wall, timings
 
 
-# ---- stages --------------------------------------------------------------------------------------
+# ---- same work on both sides, stages ---------------------------------------------------------------
+
+
+def engine_sampling(tokens: int, frames: int) -> dict[str, Any]:
+    return {"thinker": {"temperature": 0, "max_tokens": tokens, "ignore_eos": True},
+            "talker": {"main": {"temperature": 0, "max_tokens": frames, "min_tokens": frames},
+                       "aux": {"code_predictor": {"temperature": 0}}}}
+
+
+def check_same_output(engine: Any, hf: Any, req: Any, speaks: bool, tokens: int, frames: int, device: str, dtype: torch.dtype) -> str:
+    """One request through an in-process engine and through ``generate``: the text ids must be
+    equal and the audio the same length; returns the largest audio difference, as text."""
+    out = engine.run_batch([{"inputs": req.inputs, "sampling": engine_sampling(tokens, frames), "kwargs": req.kwargs}])[0]
+    assert out.error is None, out.error
+    ids, waves, _ = hf_generate(hf, [req], speaks, tokens, frames, device, dtype)
+    if out.cat("tokens").tolist() != ids[0].tolist():
+        raise AssertionError("mstar and transformers wrote different text: the two sides did not do the same work")
+    if not speaks:
+        return "text equal"
+    ours, theirs = out.cat("audio").float().cpu(), waves[0].float().cpu()
+    if ours.shape != theirs.shape:
+        raise AssertionError(f"audio lengths differ: mstar {ours.numel()}, transformers {theirs.numel()} samples")
+    return f"text equal, audio max |diff| {(ours - theirs).abs().max().item():.1e} over {ours.numel()} samples"
 
 
 def stage_shares(engine: Any, reqs: list[Any], tokens: int, frames: int) -> dict[str, tuple[float, int]]:
@@ -343,9 +375,7 @@ def stage_shares(engine: Any, reqs: list[Any], tokens: int, frames: int) -> dict
 
         ex.run = timed
         patched.append(ex)
-    sampling = {"thinker": {"temperature": 0, "max_tokens": tokens, "ignore_eos": True},
-                "talker": {"main": {"temperature": 0, "max_tokens": frames, "min_tokens": frames},
-                           "aux": {"code_predictor": {"temperature": 0}}}}
+    sampling = engine_sampling(tokens, frames)
     try:
         outs = engine.run_batch([{"inputs": r.inputs, "sampling": sampling, "kwargs": r.kwargs} for r in reqs])
     finally:
@@ -402,6 +432,8 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=12, help="Talker frames per spoken request (the last one dropped)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--stage-concurrency", type=int, default=8, help="0: skip the stage breakdown")
+    ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                    help="after the timed runs, check that one request per mode gives the same text (and audio) on both sides")
     ap.add_argument("--keep-checkpoint", action="store_true", help="leave the random checkpoint in its temporary directory")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra mstar serve argument (repeatable)")
     args = ap.parse_args()
@@ -446,12 +478,15 @@ def main() -> None:
                              f" / {statistics.mean(t.audio_seconds for t in theirs[0].timings):.3f} s")
                 print(line, flush=True)
     stages = {}
-    if args.stage_concurrency:
-        del hf
+    if args.stage_concurrency or args.check:
         engine = Engine.from_model("qwen3omni", weights=ckpt, device=args.device)
         for mode in args.modes:
-            stage_shares(engine, reqs[mode][:1], args.tokens, args.frames)  # warm-up
-            stages[mode] = stage_shares(engine, reqs[mode][: args.stage_concurrency], args.tokens, args.frames)
+            if args.check:
+                print(f"{mode}: one request, mstar.Engine vs generate: "
+                      f"{check_same_output(engine, hf, reqs[mode][0], MODES[mode][1], args.tokens, args.frames, args.device, dtype)}")
+            if args.stage_concurrency:
+                stage_shares(engine, reqs[mode][:1], args.tokens, args.frames)  # warm-up
+                stages[mode] = stage_shares(engine, reqs[mode][: args.stage_concurrency], args.tokens, args.frames)
         engine.close()
     print_table(args, rows, stages)
     print(f"\nserver log {server.log_path}")
