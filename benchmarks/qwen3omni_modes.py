@@ -31,10 +31,13 @@ every mode); text modes with ``return_audio=False``. TTFT is the time to the bat
 TTFA is the whole call.
 Rounds alternate between the two sides; medians over rounds.
 
-Stages: after the HTTP runs, the same requests (the adapter's engine inputs) run once per mode
-at ``--stage-concurrency`` through an in-process ``mstar.Engine`` whose node executors are
-timed, printing each node's share of the engine's busy time; the largest share is the stage
-that bounds the mode on one device (the server has no per-node timing metric).
+After the HTTP runs, an in-process ``mstar.Engine`` on the same checkpoint takes the same
+requests (the adapter's engine inputs). ``--check`` (default on): one request per mode there and
+through ``generate`` must give equal text ids and equal-length audio (the largest audio
+difference is printed), so both sides did the same work. Stages: ``--stage-concurrency``
+requests per mode at once, the node executors timed, printing each node's (and each of the
+rows' walks') share of the engine's busy time; the largest share is the stage that bounds the
+mode on one device (the server has no per-node timing metric).
 """
 
 from __future__ import annotations
