@@ -93,7 +93,10 @@ def servers(tmp_path_factory, cluster, toy_checkpoint, orpheus_ckpt):
         folder = tmp_path_factory.mktemp(f"{model}-ray")
         (folder / "placement.yaml").write_text(placement)
         args = ["--model", model, "--weights", str(ckpt), "--config", str(folder / "placement.yaml"), "--placement-backend", "ray",
-                "--ray-address", cluster.address, "--preprocess-workers", "0", "--shutdown-timeout", "5"]
+                "--ray-address", cluster.address, "--preprocess-workers", "0", "--shutdown-timeout", "5",
+                # Ray sets an actor's OMP threads from its CPUs: one thread everywhere keeps the
+                # float reductions (SNAC's audio) bit-equal to the one-process reference.
+                "--engine-threads", "1"]
         return ServerProcess(args, folder / "server.log")
 
     pending = {"toy": make("toy", toy_checkpoint, TOY_PLACEMENT), "orpheus": make("orpheus", orpheus_ckpt, ORPHEUS_PLACEMENT)}
@@ -151,8 +154,13 @@ def _outputs(out: dict) -> tuple[torch.Tensor, torch.Tensor]:
 def _one_process(model: str, ckpt, requests: list[tuple[list[int], dict]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     from mstar import Engine
 
-    with Engine.from_model(model, weights=ckpt) as engine:
-        outs = engine.run_batch([{"inputs": {"prompt_ids": torch.tensor(p)}, "sampling": s} for p, s in requests])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the servers' engines (--engine-threads 1)
+    try:
+        with Engine.from_model(model, weights=ckpt) as engine:
+            outs = engine.run_batch([{"inputs": {"prompt_ids": torch.tensor(p)}, "sampling": s} for p, s in requests])
+    finally:
+        torch.set_num_threads(threads)
     return [(o.cat("token"), o.cat("audio")) for o in outs]
 
 
