@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,11 +187,13 @@ def main() -> None:
     ap.add_argument("--minutes", type=int, default=10)
     ap.add_argument("--voice", default="alloy", help="speech voice (model-specific names, e.g. tara, ryan)")
     ap.add_argument("--json", type=Path, help="write the per-minute rows here")
+    ap.add_argument("--server-log", type=Path, help="the started server's log (default: a file in the temp directory)")
     args = ap.parse_args()
     proc = None
     url, pid = args.url, args.server_pid
     if url is None:
-        log = Path(f"soak-{args.model}-server.log")
+        log = args.server_log or Path(tempfile.gettempdir()) / f"soak-{args.model}-server.log"
+        print(f"server log: {log}", flush=True)
         proc, url = start_server(args.model, args.serve_arg, log)
         pid = proc.pid
     try:
