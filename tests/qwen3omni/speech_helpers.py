@@ -26,41 +26,26 @@ from mstar.model.submodule_base import (
     PerRequestState,
 )
 from mstar_qwen3omni.speech_loading import build_talker
-from mstar_qwen3omni.tiny_checkpoint import THINKER_IDS, TINY_AUDIO, TINY_VISION
+from mstar_qwen3omni.tiny_checkpoint import (
+    THINKER_IDS,
+    TINY_AUDIO,
+    TINY_CODE2WAV,
+    TINY_VISION,
+)
+from mstar_qwen3omni.tiny_checkpoint import TINY_TALKER as PLUGIN_TALKER
 from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
-CODEBOOK = 32
 TINY_THINKER_TEXT: dict[str, Any] = dict(
     vocab_size=512, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
     rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2], "mrope_interleaved": True},
 )
-TINY_TALKER: dict[str, Any] = dict(
-    text_config=dict(
-        vocab_size=CODEBOOK + 1024, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, moe_intermediate_size=16, shared_expert_intermediate_size=24,
-        num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-    ),
-    code_predictor_config=dict(
-        vocab_size=CODEBOOK, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, num_code_groups=4, rms_norm_eps=1e-6,
-    ),
-    num_code_groups=4, thinker_hidden_size=48, accept_hidden_layer=2, spatial_merge_size=2,
-    # special codec ids inside the top 1024, as released (2148.. of 3072)
-    codec_pad_id=CODEBOOK + 100, codec_bos_id=CODEBOOK + 101, codec_eos_token_id=CODEBOOK + 102,
-    codec_nothink_id=CODEBOOK + 107, codec_think_bos_id=CODEBOOK + 108, codec_think_eos_id=CODEBOOK + 109,
-    speaker_id={"ethan": CODEBOOK + 200, "chelsie": CODEBOOK + 201, "aiden": CODEBOOK + 202},
-)
+# The plugin's tiny Talker, fed by this module's wider Thinker.
+TINY_TALKER: dict[str, Any] = {**PLUGIN_TALKER, "thinker_hidden_size": TINY_THINKER_TEXT["hidden_size"]}
 # Chat-role and TTS ids inside the tiny Thinker vocabulary (the released ones are ~151k).
 TINY_SPECIAL_IDS: dict[str, int] = dict(
     im_start_token_id=500, im_end_token_id=501, user_token_id=502, assistant_token_id=503,
     system_token_id=504, tts_pad_token_id=505, tts_bos_token_id=506, tts_eos_token_id=507,
-)
-TINY_CODE2WAV: dict[str, Any] = dict(
-    codebook_size=CODEBOOK, num_quantizers=4, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, sliding_window=6, rms_norm_eps=1e-5,
-    upsampling_ratios=[2, 2], upsample_rates=[3, 2], decoder_dim=32,
 )
 
 
