@@ -9,19 +9,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from mstar.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+from mstar.layers.codec_blocks import LayerScale
 from mstar.layers.streaming import StreamState, stream_positions, window_keys_values
 from torch import nn
 
 from mstar_qwen3omni.code2wav_config import Code2WavConfig
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
 
 
 class SlidingWindowAttention(nn.Module):

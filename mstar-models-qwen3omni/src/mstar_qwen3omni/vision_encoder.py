@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
+from mstar.layers import apply_rope
 from torch import nn
 
 from .media_activation import activation
@@ -97,11 +98,6 @@ def _bilinear_taps(index: torch.Tensor, size: torch.Tensor, side: int) -> tuple[
     return taps, torch.stack([1 - frac, frac], dim=-1)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
 class PatchEmbed(nn.Module):
     def __init__(self, cfg: VisionEncoderConfig) -> None:
         super().__init__()
@@ -126,8 +122,8 @@ class VisionAttention(nn.Module):
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.heads, -1).unbind(1)
         # Rotary in float32, as the reference does, whatever the weights' dtype.
-        q = (q.float() * cos + _rotate_half(q.float()) * sin).to(v.dtype)
-        k = (k.float() * cos + _rotate_half(k.float()) * sin).to(v.dtype)
+        q = apply_rope(q.float(), cos, sin).to(v.dtype)
+        k = apply_rope(k.float(), cos, sin).to(v.dtype)
         return self.proj(segment_attention(q, k, v, plan, self.scale).reshape(n, -1))
 
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from mstar.layers.codec_blocks import ConvNeXtBlock, ResidualUnit, SnakeBeta
+from mstar.layers.codec_blocks import ConvNeXtBlock, LayerScale, ResidualUnit, SnakeBeta
 from mstar.layers.streaming import CausalConv1d as CausalConv
 from mstar.layers.streaming import CausalConvTranspose1d as CausalUpsample
 from mstar.layers.streaming import StreamState, stream_positions, window_keys_values
@@ -108,15 +108,6 @@ class StreamWindow(NamedTuple):
     window: int
 
 
-class LayerScale(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), 0.01))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
 class WindowAttention(nn.Module):
     def __init__(self, cfg: CodecConfig) -> None:
         super().__init__()
@@ -148,8 +139,8 @@ class TransformerLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn_layer_scale = LayerScale(cfg.hidden_size)
-        self.mlp_layer_scale = LayerScale(cfg.hidden_size)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, 0.01)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, 0.01)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, stream: StreamWindow | None = None

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from mstar.layers import apply_rope
+from mstar.layers.codec_blocks import LayerScale
 from torch import nn
 
 
@@ -127,11 +129,6 @@ class SEANetEncoder(nn.Module):
         return x
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -148,20 +145,11 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, heads, hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, kv, hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, kv, hd).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = k.repeat_interleave(heads // kv, dim=1), v.repeat_interleave(heads // kv, dim=1)
         scores = (q @ k.transpose(2, 3)) / math.sqrt(hd) + mask
         out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
         return self.o_proj(out.transpose(1, 2).reshape(b, t, heads * hd))
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
 
 
 class MLP(nn.Module):

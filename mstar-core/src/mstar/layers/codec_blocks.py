@@ -1,7 +1,7 @@
 """Building blocks of convolutional audio decoders (vocoders), streaming-ready: each takes an
 optional ``StreamState`` so a chunk carries its convolution history (``mstar.layers.streaming``).
 
-Parameter names follow the released checkpoints that use them (``alpha``/``beta``,
+Parameter names follow the released checkpoints that use them (``scale``, ``alpha``/``beta``,
 ``dwconv``/``pwconv1``/``pwconv2``/``gamma``, ``act1``/``conv1``/``act2``/``conv2``).
 """
 
@@ -12,6 +12,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.layers.streaming import CausalConv1d, StreamState
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale on a residual branch (``scale``, starting at ``init``)."""
+
+    def __init__(self, dim: int, init: float = 1.0) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
 
 
 class SnakeBeta(nn.Module):
