@@ -44,6 +44,25 @@ def speech_inputs(
     return build_prompt(cfg, token_ids(ckpt, text), speaker, language, non_streaming_mode).inputs()
 
 
+@cache
+def _encoders(ckpt: str) -> tuple[Any, Any]:
+    from mstar_qwen3tts.encoder_nodes import build_codec_encoder, build_speaker_encoder
+
+    config = load_config(Path(ckpt))
+    return build_speaker_encoder(config, Path(ckpt), "cpu"), build_codec_encoder(config, Path(ckpt), "cpu")
+
+
+def encoded_inputs(ckpt: Path, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Base request's inputs with its clip's features (``ref_mel``, ``ref_wave``) replaced
+    by what the engine's encoder nodes make of them (``speaker_embed``, ``ref_codes``)."""
+    speaker, codec = _encoders(str(ckpt))
+    out = {k: v for k, v in inputs.items() if k not in ("ref_mel", "ref_wave")}
+    out["speaker_embed"] = speaker.encode(inputs["ref_mel"][None])[0]
+    if "ref_wave" in inputs:
+        out["ref_codes"] = codec.encode(inputs["ref_wave"][None])[0]
+    return out
+
+
 def frames(result: Any, groups: int) -> torch.Tensor:
     """A collected result's codes as [frames, groups]."""
     return result.cat("codes").reshape(-1, groups)

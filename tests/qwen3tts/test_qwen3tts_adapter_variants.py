@@ -15,6 +15,7 @@ from mstar.api.protocol import SpeechRequest
 from mstar_qwen3tts.adapter import Qwen3TTSApiAdapter
 from mstar_qwen3tts.clone_prompt import CloneEncoder
 from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
+from mstar_qwen3tts.encoder_nodes import build_codec_encoder, build_speaker_encoder
 from mstar_qwen3tts.prompt import build_clone_prompt, build_prompt, instruct_text
 from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
 from qwen3tts_helpers import token_ids
@@ -67,8 +68,19 @@ def test_clone_request_builds_the_clone_prompt(adapters, ckpts, as_data_url: boo
     cfg = Qwen3TTSConfig.from_dict(load_config(ckpts["base"]))
     want = build_clone_prompt(cfg, token_ids(ckpts["base"], TEXT), clone.speaker_embed, clone.ref_codes,
                               clone.ref_text_ids.tolist(), "english", False).inputs()
-    assert _equal(got.inputs, want)
-    assert got.inputs["ref_codes"].shape[0] == (0 if xvec else 10)  # 0.8 s at 12.5 Hz
+    # The pool's share: the prompt's id streams and the clip's features; the engine's
+    # encoder nodes turn the features into the clone prompt (here: the nodes' encoders).
+    ids = ("text_ids", "codec_ids", "trailing_ids")
+    assert _equal({k: got.inputs[k] for k in ids}, {k: want[k] for k in ids})
+    assert got.kwargs == {"clone_encode": "x_vector_only" if xvec else "in_context"}
+    config = load_config(ckpts["base"])
+    speaker = build_speaker_encoder(config, ckpts["base"], "cpu")
+    assert torch.equal(speaker.encode(got.inputs["ref_mel"][None])[0], want["speaker_embed"])
+    if xvec:
+        assert "ref_wave" not in got.inputs and got.inputs["ref_codes"].shape == (0, cfg.talker.num_code_groups)
+    else:
+        codes = build_codec_encoder(config, ckpts["base"], "cpu").encode(got.inputs["ref_wave"][None])[0]
+        assert torch.equal(codes, want["ref_codes"]) and codes.shape[0] == 10  # 0.8 s at 12.5 Hz
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Saved voices of qwen3tts, in process: a stored clone prompt gives the same engine inputs as
-the same clip sent inline (``ref_audio``), in both clone modes; only Base checkpoints make
+the same clip sent inline (``ref_audio``, once the encoder nodes encoded its features), in both clone modes; only Base checkpoints make
 voices; bad options and mixed requests are 400s naming the field."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from mstar.api.voices import SavedVoice, VoiceUpload
 from mstar_qwen3tts.adapter import Qwen3TTSApiAdapter
 from mstar_qwen3tts.config import load_config
 from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
+from qwen3tts_helpers import encoded_inputs
 
 
 def clip_wav(rate: int = 16000, seconds: float = 1.0) -> bytes:
@@ -52,7 +53,10 @@ def test_saved_voice_equals_inline_reference(base: Qwen3TTSApiAdapter, transcrip
     assert set(tensors) == {"speaker_embed", "ref_codes", "ref_text_ids"}
     assert (tensors["ref_codes"].shape[0] > 0) == ("ref_text" in inline)
     saved = base.speech_inputs_with_voice(speech(voice="v"), SavedVoice("v", tensors, transcript)).inputs
-    assert same(saved, base.speech_inputs(speech(ref_audio=base64.b64encode(wav).decode(), **inline)).inputs)
+    # Inline, the pool sends the clip's features and the engine's encoder nodes encode them.
+    assert base.checkpoint_dir is not None
+    inline_inputs = base.speech_inputs(speech(ref_audio=base64.b64encode(wav).decode(), **inline)).inputs
+    assert same(saved, encoded_inputs(base.checkpoint_dir, inline_inputs))
     other = base.voice_tensors(VoiceUpload(clip_wav(seconds=0.7), transcript, 30.0, options).decode())
     assert not torch.equal(other["speaker_embed"], tensors["speaker_embed"])  # the clip matters
 

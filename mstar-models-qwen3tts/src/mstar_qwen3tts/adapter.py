@@ -21,8 +21,10 @@ import binascii
 from pathlib import Path
 from typing import Any
 
+import torch
 from mstar.api import SPEECH, ApiAdapter, ApiError, EngineRequest, Voice
 from mstar.api.protocol import SpeechRequest
+from mstar.api.voices import SavedVoice, SessionVoice
 
 from mstar_qwen3tts.clone_prompt import CloneError, ClonePrompt, read_audio
 from mstar_qwen3tts.config import BASE, CUSTOM_VOICE, VOICE_DESIGN, Qwen3TTSConfig
@@ -32,6 +34,7 @@ from mstar_qwen3tts.prompt import (
     assistant_text,
     build_clone_prompt,
     build_prompt,
+    clone_prompt_layout,
     instruct_text,
 )
 from mstar_qwen3tts.saved_voices import SavedVoices
@@ -52,6 +55,7 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
     sampling_node = "talker"
 
     def __init__(self, config: dict[str, Any], checkpoint_dir: Path | None) -> None:
+        self.config = config
         self.cfg = Qwen3TTSConfig.from_dict(config)
         self.sample_rate = self.cfg.codec.sample_rate
         self.checkpoint_dir = checkpoint_dir
@@ -125,7 +129,8 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
     def _engine_request(self, prompt: SpeechPrompt) -> EngineRequest:
         return EngineRequest(prompt.inputs(), prompt_tokens=len(prompt.text_ids))
 
-    def _clone_from_request(self, request: SpeechRequest) -> ClonePrompt:
+    def _clip_from_request(self, request: SpeechRequest) -> tuple[Any, int, str | None, bool]:
+        """(samples, rate, ref_text, x_vector_only_mode) of a request's inline clip."""
         extra = dict(request.model_extra or {})
         ref_audio, ref_text, xvec = extra.get("ref_audio"), extra.get("ref_text"), extra.get("x_vector_only_mode", False)
         if not isinstance(xvec, bool):
@@ -141,7 +146,44 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
             wave, rate = read_audio(_decode_base64_audio(ref_audio), MAX_REF_AUDIO_SECONDS)
         except CloneError as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
-        return self.clone_prompt(wave, rate, ref_text, xvec)
+        return wave, rate, ref_text, xvec
+
+    def session_voice(self, request: SpeechRequest) -> SessionVoice | None:
+        """A speech session's inline clip as a voice, made once (in the pool, as a saved
+        voice is) for all the session's sentences; None without ``ref_audio``."""
+        if self.cfg.tts_model_type != BASE or not (request.model_extra or {}).get("ref_audio"):
+            return None
+        prompt = self.clone_prompt(*self._clip_from_request(request))
+        return SessionVoice(SavedVoice("session", prompt.tensors()), CLONE_FIELDS)
+
+    def _encoded_clone_request(self, request: SpeechRequest) -> EngineRequest:
+        """A request with its clip inline: the pool resamples it and computes its log-mel
+        features; the engine's encoder nodes compute the clone prompt (batched with other
+        requests' clips) before the talker's prefill."""
+        from mstar_qwen3tts.clone_loading import codec_encoder_rates, reference_frames
+        from mstar_qwen3tts.clone_prompt import reference_features, transcript_ids
+        from mstar_qwen3tts.encoder_nodes import REF_MEL, REF_WAVE
+        from mstar_qwen3tts.plugin import CLONE_ENCODE, IN_CONTEXT, X_VECTOR_ONLY
+
+        language, layout = self._common_fields(request)
+        wave, rate, ref_text, xvec = self._clip_from_request(request)
+        codec_rate, _ = codec_encoder_rates(self.config)
+        try:
+            feats = reference_features(wave, rate, self.cfg.speaker_encoder.sample_rate, codec_rate, ref_text, xvec)
+            ref_ids = [] if xvec else transcript_ids(self.tokenize, ref_text or "")
+        except CloneError as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
+        frames = 0 if feats.wave is None else reference_frames(self.config, feats.wave.numel())
+        try:
+            prompt = clone_prompt_layout(self.cfg, self.tokenize(assistant_text(request.input)), frames, ref_ids, language, layout)
+        except PromptError as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
+        inputs = {**prompt.inputs(), REF_MEL: feats.mel}
+        if feats.wave is None:
+            inputs["ref_codes"] = torch.zeros(0, self.cfg.talker.num_code_groups, dtype=torch.long)
+        else:
+            inputs[REF_WAVE] = feats.wave
+        return EngineRequest(inputs, {CLONE_ENCODE: X_VECTOR_ONLY if xvec else IN_CONTEXT}, prompt_tokens=len(prompt.text_ids))
 
     def voices(self) -> list[Voice]:
         """The checkpoint's speakers (``spk_id``), each with the languages a request may name;
@@ -160,10 +202,9 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
             if request.voice:
                 raise ApiError(400, f"unknown voice {request.voice!r}: a Base checkpoint clones the voice of ref_audio",
                                param="voice")
-            self._common_fields(request)  # the cheap checks before the clip is encoded
             if request.instructions:
                 raise ApiError(400, "a Base (voice clone) checkpoint takes no instructions", param="instructions")
-            return self.speech_inputs_for_clone(request, self._clone_from_request(request))
+            return self._encoded_clone_request(request)
         language, layout = self._common_fields(request)
         for name in CLONE_FIELDS:
             if extra.get(name) not in (None, "", False):

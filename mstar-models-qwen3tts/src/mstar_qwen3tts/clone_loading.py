@@ -5,6 +5,7 @@ of ``speech_tokenizer/model.safetensors``) and the text tokenizer."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from mstar_qwen3tts.clone_prompt import CloneEncoder
 from mstar_qwen3tts.codec_encoder import CodecEncoder, EncoderConfig
@@ -13,23 +14,45 @@ from mstar_qwen3tts.speaker_encoder import SpeakerEncoder
 from mstar_qwen3tts.weights import load_codec_encoder, load_speaker_encoder
 
 
+def codec_encoder_rates(config: dict[str, Any]) -> tuple[int, int]:
+    """(the speech tokenizer's input sample rate, samples per frame), checked against the
+    talker; ``config``: ``load_config``'s merged dict."""
+    codec = config["speech_tokenizer"]
+    groups = Qwen3TTSConfig.from_dict(config).talker.num_code_groups
+    if int(codec.get("encoder_valid_num_quantizers", -1)) != groups:
+        raise ConfigError(f"speech_tokenizer/config.json: encoder_valid_num_quantizers "
+                          f"{codec.get('encoder_valid_num_quantizers')} != the talker's num_code_groups {groups}")
+    rate = int(codec.get("input_sample_rate", 24000))
+    if int(codec["encoder_config"].get("sampling_rate", 24000)) != rate:
+        raise ConfigError("speech_tokenizer/config.json: input_sample_rate != encoder_config.sampling_rate")
+    return rate, int(codec["encode_downsample_rate"])
+
+
+def codec_encoder_from_config(config: dict[str, Any]) -> CodecEncoder:
+    """The speech tokenizer's encoder, random weights (``load_codec_encoder`` fills them)."""
+    _, downsample = codec_encoder_rates(config)
+    groups = Qwen3TTSConfig.from_dict(config).talker.num_code_groups
+    return CodecEncoder(EncoderConfig.from_dict(config["speech_tokenizer"]["encoder_config"]), groups, downsample)
+
+
+def reference_frames(config: dict[str, Any], samples: int) -> int:
+    """The frames of ``ref_codes`` the speech tokenizer's encoder gives for ``samples`` samples
+    at its rate (the prompt's layout needs them before the encoder runs)."""
+    _, downsample = codec_encoder_rates(config)
+    return EncoderConfig.from_dict(config["speech_tokenizer"]["encoder_config"]).output_frames(samples, downsample)
+
+
 def load_clone_encoder(checkpoint_dir: Path, device: str = "cpu") -> CloneEncoder:
     from mstar_qwen3tts.text_tokenizer import encode, load_tokenizer
 
-    cfg = Qwen3TTSConfig.from_dict(load_config(checkpoint_dir))
+    config = load_config(checkpoint_dir)
+    cfg = Qwen3TTSConfig.from_dict(config)
     if cfg.tts_model_type != BASE:
         raise ConfigError(f"{checkpoint_dir}: voice cloning needs a Base checkpoint (tts_model_type {cfg.tts_model_type!r})")
     speaker = SpeakerEncoder(cfg.speaker_encoder)
     load_speaker_encoder(speaker, checkpoint_dir)
-    codec = load_config(checkpoint_dir)["speech_tokenizer"]
-    if int(codec.get("encoder_valid_num_quantizers", -1)) != cfg.talker.num_code_groups:
-        raise ConfigError(f"{checkpoint_dir}/speech_tokenizer/config.json: encoder_valid_num_quantizers "
-                          f"{codec.get('encoder_valid_num_quantizers')} != the talker's num_code_groups {cfg.talker.num_code_groups}")
-    rate = int(codec.get("input_sample_rate", 24000))
-    encoder = CodecEncoder(EncoderConfig.from_dict(codec["encoder_config"]), cfg.talker.num_code_groups,
-                           int(codec["encode_downsample_rate"]))
-    if encoder.cfg.sampling_rate != rate:
-        raise ConfigError(f"{checkpoint_dir}/speech_tokenizer/config.json: input_sample_rate {rate} != encoder_config.sampling_rate")
+    rate, _ = codec_encoder_rates(config)
+    encoder = codec_encoder_from_config(config)
     load_codec_encoder(encoder, checkpoint_dir)
     tokenizer = load_tokenizer(checkpoint_dir)
     return CloneEncoder(speaker.to(device).eval(), lambda text: encode(tokenizer, text), cfg.talker.num_code_groups,

@@ -126,26 +126,58 @@ class CloneEncoder:
     def encode(self, wave: np.ndarray, sample_rate: int, ref_text: str | None = None,
                x_vector_only_mode: bool = False) -> ClonePrompt:
         """``wave``: float32 mono samples at ``sample_rate``."""
-        if wave.ndim != 1 or wave.size == 0:
-            raise CloneError("ref_audio must be non-empty mono audio", "ref_audio")
-        if not np.isfinite(wave).all():
-            raise CloneError("ref_audio holds non-finite samples", "ref_audio")
-        if not x_vector_only_mode and not ref_text:
-            raise CloneError("ref_text (the reference audio's transcript) is required unless x_vector_only_mode is true",
-                             "ref_text")
-        spk_rate = self.speaker_encoder.cfg.sample_rate
-        spk_wave = torch.from_numpy(resample(wave, sample_rate, spk_rate))
-        if spk_wave.numel() < 1024:  # the mel front end's window
-            raise CloneError("ref_audio is too short", "ref_audio")
-        speaker = self.speaker_encoder.embed(spk_wave).cpu()
+        if not x_vector_only_mode and self.codec_encoder is None:
+            raise CloneError("in-context cloning needs the speech tokenizer's encoder, which is not loaded; "
+                             "use x_vector_only_mode", "x_vector_only_mode")
+        feats = reference_features(wave, sample_rate, self.speaker_encoder.cfg.sample_rate, self.codec_rate, ref_text,
+                                   x_vector_only_mode)
+        with torch.inference_mode():
+            device = self.speaker_encoder.fc.weight.device
+            speaker = self.speaker_encoder(feats.mel[None].to(device))[0].float().cpu()
         if x_vector_only_mode:
             empty = torch.zeros(0, self.num_code_groups, dtype=torch.long)
             return ClonePrompt(speaker, empty, torch.zeros(0, dtype=torch.long))
-        if self.codec_encoder is None:
-            raise CloneError("in-context cloning needs the speech tokenizer's encoder, which is not loaded; "
-                             "use x_vector_only_mode", "x_vector_only_mode")
-        codes = self.codec_encoder.encode(torch.from_numpy(resample(wave, sample_rate, self.codec_rate))).cpu()
-        ids = self.tokenize(ref_text_prompt(ref_text))[ASSISTANT_ROLE_TOKENS:-REF_TAIL_TOKENS]
-        if not ids:
-            raise CloneError("ref_text is empty", "ref_text")
-        return ClonePrompt(speaker, codes.to(torch.long), torch.tensor(ids, dtype=torch.long))
+        assert feats.wave is not None and ref_text is not None
+        codes = self.codec_encoder.encode(feats.wave).cpu()
+        return ClonePrompt(speaker, codes.to(torch.long), torch.tensor(self.ref_text_ids(ref_text), dtype=torch.long))
+
+    def ref_text_ids(self, ref_text: str) -> list[int]:
+        return transcript_ids(self.tokenize, ref_text)
+
+
+def transcript_ids(tokenize: Callable[[str], list[int]], ref_text: str) -> list[int]:
+    """The reference transcript's ids (``ref_text_prompt`` without its role and tail)."""
+    ids = tokenize(ref_text_prompt(ref_text))[ASSISTANT_ROLE_TOKENS:-REF_TAIL_TOKENS]
+    if not ids:
+        raise CloneError("ref_text is empty", "ref_text")
+    return ids
+
+
+@dataclass(frozen=True)
+class ReferenceFeatures:
+    """The cheap CPU share of a clone (preprocess pool): the clip's log-mel features for the
+    speaker encoder and, in-context, the clip at the speech tokenizer's rate."""
+
+    mel: torch.Tensor  # float32 [frames, mel_dim], at the speaker encoder's rate
+    wave: torch.Tensor | None  # float32 [samples] at the codec rate; None in x_vector_only_mode
+
+
+def reference_features(wave: np.ndarray, sample_rate: int, speaker_rate: int, codec_rate: int, ref_text: str | None,
+                       x_vector_only_mode: bool) -> ReferenceFeatures:
+    """Checks the clip (and that in-context mode has a transcript), resamples it and computes
+    its log-mel features; bad input is a ``CloneError`` naming the field."""
+    from mstar_qwen3tts.speaker_encoder import log_mel
+
+    if wave.ndim != 1 or wave.size == 0:
+        raise CloneError("ref_audio must be non-empty mono audio", "ref_audio")
+    if not np.isfinite(wave).all():
+        raise CloneError("ref_audio holds non-finite samples", "ref_audio")
+    if not x_vector_only_mode and not ref_text:
+        raise CloneError("ref_text (the reference audio's transcript) is required unless x_vector_only_mode is true",
+                         "ref_text")
+    spk_wave = torch.from_numpy(resample(wave, sample_rate, speaker_rate))
+    if spk_wave.numel() < 1024:  # the mel front end's window
+        raise CloneError("ref_audio is too short", "ref_audio")
+    mel = log_mel(spk_wave[None], speaker_rate)[0]
+    codec_wave = None if x_vector_only_mode else torch.from_numpy(resample(wave, sample_rate, codec_rate))
+    return ReferenceFeatures(mel, codec_wave)

@@ -4,7 +4,9 @@ A Mimi-style encoder (``encoder_config`` of ``speech_tokenizer/config.json``, we
 ``encoder.*`` of ``speech_tokenizer/model.safetensors``): a causal SEANet convolution stack
 (24 kHz → 25 Hz), a causal transformer, a stride-2 convolution (→ 12.5 Hz),
 then a split residual VQ (semantic + acoustic codebooks) of which the first
-``encoder_valid_num_quantizers`` codebooks are kept. Runs once per reference clip.
+``encoder_valid_num_quantizers`` codebooks are kept. Runs once per reference clip, as the
+engine node ``codec_encoder`` (``mstar_qwen3tts.encoder_nodes``) or, making a saved voice,
+in the preprocess pool.
 """
 
 from __future__ import annotations
@@ -73,6 +75,13 @@ class EncoderConfig:
     @property
     def encodec_frame_rate(self) -> int:
         return math.ceil(self.sampling_rate / math.prod(self.upsampling_ratios))
+
+    def output_frames(self, samples: int, downsample_rate: int) -> int:
+        """The frames ``CodecEncoder.encode`` gives for a clip of ``samples``: each causal
+        convolution of stride s gives ceil(n / s) frames for n, and the output is cut at one
+        frame per ``downsample_rate`` samples."""
+        stride = math.prod(self.upsampling_ratios) * 2  # the SEANet strides, then the stride-2 downsample
+        return min(-(-samples // stride), -(-samples // downsample_rate))
 
 
 class CausalConv(nn.Module):
@@ -283,9 +292,14 @@ class CodecEncoder(nn.Module):
     def encode(self, wave: torch.Tensor) -> torch.Tensor:
         """[samples] float32 at ``cfg.sampling_rate`` → codes [frames, num_quantizers] (int64),
         one frame per ``downsample_rate`` samples (the last one partial)."""
+        return self.encode_batch(wave[None])[0]
+
+    @torch.inference_mode()
+    def encode_batch(self, waves: torch.Tensor) -> torch.Tensor:
+        """[B, samples] (clips of one length) → codes [B, frames, num_quantizers]."""
         device = self.downsample.conv.weight.device
-        x = self.encoder(wave.to(device=device, dtype=torch.float32)[None, None])
+        x = self.encoder(waves.to(device=device, dtype=torch.float32)[:, None])
         x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
-        codes = self.quantizer.encode(self.downsample(x), self.num_quantizers)[0]
-        frames = -(-wave.shape[-1] // self.downsample_rate)
-        return codes[:, :frames].T.contiguous()
+        codes = self.quantizer.encode(self.downsample(x), self.num_quantizers)  # [B, n, T]
+        frames = -(-waves.shape[-1] // self.downsample_rate)
+        return codes[:, :, :frames].transpose(1, 2).contiguous()

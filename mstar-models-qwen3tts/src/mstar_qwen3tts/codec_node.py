@@ -65,6 +65,9 @@ class CodecNode(NodeSubmodule):
         if self.stateful and context:
             raise ValueError("a stateful codec takes chunks without left context")
         ref = signals.get("ref_codes")
+        if ref is None and info.request_kwargs.get("clone_encode") == "in_context":
+            # Made by node codec_encoder, a signal of the talker's engine process only.
+            raise ValueError("an in-context clone's ref_codes never reached the codec: place node codec next to codec_encoder")
         ref = codes.new_zeros(0, self.cfg.num_quantizers) if ref is None else ref.reshape(-1, self.cfg.num_quantizers).to(torch.long)
         if ref.numel() and (int(ref.min()) < 0 or int(ref.max()) >= self.cfg.codebook_size):
             raise ValueError(f"ref_codes must lie in [0, {self.cfg.codebook_size})")

@@ -31,9 +31,10 @@ CONTROL_BLOCK = 1024
 # early, larger chunks after. ``stateful`` decodes each chunk from its new frames plus the
 # decoder's carried state; ``stateful: false`` re-decodes ``left_context`` frames instead
 # (None means "the decoder's exact receptive field"). Either way seams never change the audio.
-# ``codec_batch``: rows of every stateful codec call (None: 8 on CUDA, 1 elsewhere).
+# ``codec_batch``: rows of every stateful codec call (None: 8 on CUDA, 1 elsewhere);
+# ``encoder_batch``: rows of every clone-encoder call (Base; same default).
 DEFAULT_STREAMING: dict[str, int | bool | None] = {
-    "chunk": 12, "first_chunk": 4, "left_context": None, "stateful": True, "codec_batch": None,
+    "chunk": 12, "first_chunk": 4, "left_context": None, "stateful": True, "codec_batch": None, "encoder_batch": None,
 }
 
 
@@ -292,6 +293,7 @@ class StreamingConfig:
     left_context: int  # frames re-decoded before each chunk when not stateful
     stateful: bool = True
     codec_batch: int | None = None
+    encoder_batch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -330,6 +332,7 @@ class Qwen3TTSConfig:
             left_context=codec.receptive_field_frames() if left is None else int(left),
             stateful=bool(stream["stateful"]),
             codec_batch=None if stream["codec_batch"] is None else int(stream["codec_batch"]),  # type: ignore[arg-type]
+            encoder_batch=None if stream["encoder_batch"] is None else int(stream["encoder_batch"]),  # type: ignore[arg-type]
         )
         tokens = {
             k: int(_get(d, k, where))

@@ -15,7 +15,7 @@ after the prefill (then the text pad). qwen-tts has two layouts, both official:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -145,27 +145,38 @@ def build_clone_prompt(
     cfg: Qwen3TTSConfig, token_ids: list[int], speaker_embed: torch.Tensor, ref_codes: torch.Tensor,
     ref_text_ids: list[int], language: str = "auto", non_streaming_mode: bool = True,
 ) -> SpeechPrompt:
-    """Base (voice clone) prompt: the x-vector sits where a named speaker's codec id would.
-    With reference codes (in-context mode) the text stream is the reference transcript, the
+    """Base (voice clone) prompt of a computed clone prompt (``speaker_embed``, ``ref_codes``;
+    layout in ``clone_prompt_layout``)."""
+    t = cfg.talker
+    if speaker_embed.numel() != t.hidden_size:
+        raise PromptError(f"speaker_embed has {speaker_embed.numel()} values; this model's talker takes {t.hidden_size}", "voice")
+    if ref_codes.dim() != 2 or ref_codes.shape[1] != t.num_code_groups:
+        raise PromptError(f"ref_codes must be [frames, {t.num_code_groups}], got {tuple(ref_codes.shape)}", "voice")
+    layout = clone_prompt_layout(cfg, token_ids, int(ref_codes.shape[0]), ref_text_ids, language, non_streaming_mode)
+    return replace(layout, speaker_embed=speaker_embed, ref_codes=ref_codes)
+
+
+def clone_prompt_layout(
+    cfg: Qwen3TTSConfig, token_ids: list[int], ref_frames: int, ref_text_ids: list[int], language: str = "auto",
+    non_streaming_mode: bool = True,
+) -> SpeechPrompt:
+    """The Base prompt's id streams, without its tensors (the engine's encoder nodes may
+    compute them): the x-vector sits where a named speaker's codec id would.
+    With reference codes (``ref_frames`` > 0, in-context mode) the text stream is the reference transcript, the
     text and the text EOS, and the codec stream the codec BOS then one position per
     reference frame: ``non_streaming_mode`` puts the whole text (beside codec pads) before
     the codec stream (beside text pads); otherwise the two run side by side and the text
     that outlasts the codes trails, one token per decode step."""
     role, text = _split(token_ids)
     t = cfg.talker
-    if speaker_embed.numel() != t.hidden_size:
-        raise PromptError(f"speaker_embed has {speaker_embed.numel()} values; this model's talker takes {t.hidden_size}", "voice")
-    if ref_codes.dim() != 2 or ref_codes.shape[1] != t.num_code_groups:
-        raise PromptError(f"ref_codes must be [frames, {t.num_code_groups}], got {tuple(ref_codes.shape)}", "voice")
     text_ids, codec_ids = _head(cfg, role, resolve_language(cfg, language), SPEAKER_SLOT, None)
-    frames = int(ref_codes.shape[0])
-    if frames == 0:  # x_vector_only_mode
+    if ref_frames == 0:  # x_vector_only_mode
         body_text, body_codec, trailing = _plain_body(cfg, text, non_streaming_mode)
     else:
         if not ref_text_ids:
             raise PromptError("in-context cloning needs the reference transcript", "ref_text")
         stream = [*ref_text_ids, *text, cfg.tts_eos_token_id]
-        codes = [t.codec_bos_id, *[REF_FRAME] * frames]
+        codes = [t.codec_bos_id, *[REF_FRAME] * ref_frames]
         if non_streaming_mode:
             body_text = [*stream, *[cfg.tts_pad_token_id] * len(codes)]
             body_codec = [*[t.codec_pad_id] * len(stream), *codes]
@@ -175,5 +186,4 @@ def build_clone_prompt(
         else:
             body_text = [*stream, *[cfg.tts_pad_token_id] * (len(codes) - len(stream))]
             body_codec, trailing = codes, [cfg.tts_pad_token_id]
-    return SpeechPrompt([*text_ids, *body_text], [*codec_ids, *body_codec], trailing,
-                        speaker_embed=speaker_embed, ref_codes=ref_codes)
+    return SpeechPrompt([*text_ids, *body_text], [*codec_ids, *body_codec], trailing)

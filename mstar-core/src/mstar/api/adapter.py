@@ -52,7 +52,7 @@ from mstar.api.protocol import (
     SpeechRequest,
 )
 from mstar.api.tensors import tensor_from_json
-from mstar.api.voices import SavedVoice, VoiceSample
+from mstar.api.voices import SavedVoice, SessionVoice, VoiceSample
 
 CHAT, SPEECH, GENERATE, COMPLETIONS = "chat", "speech", "generate", "completions"
 VOICE = "voice"  # making a saved voice (POST /v1/audio/voices; preprocess pool only)
@@ -160,6 +160,19 @@ class ApiAdapter:
     def speech_inputs_with_voice(self, request: SpeechRequest, voice: SavedVoice) -> EngineRequest:
         """``speech_inputs`` for a request whose ``voice`` names a saved voice (preprocess pool)."""
         raise NotImplementedError
+
+    def chat_inputs_with_voice(self, request: ChatCompletionRequest, voice: SavedVoice) -> EngineRequest:
+        """``chat_inputs`` for a request with audio out whose ``audio.voice`` names a saved
+        voice (preprocess pool). Default: a 400 (the model speaks saved voices only in
+        ``/v1/audio/speech``)."""
+        raise ApiError(400, f"saved voice {voice.name!r}: this model speaks saved voices in /v1/audio/speech only, "
+                            "not in chat", param="audio.voice", code="unknown_voice")
+
+    def session_voice(self, request: SpeechRequest) -> SessionVoice | None:
+        """The voice a speech session's settings (``request``, its ``input`` a placeholder)
+        carry inline, made once for all its sentences (preprocess pool); None: the settings
+        carry none and each sentence goes through ``speech_inputs`` as it is. Default: None."""
+        return None
 
     def completion_inputs(self, request: CompletionRequest) -> EngineRequest:
         """One prompt (``request.prompt`` is a string or a list of token ids)."""

@@ -73,3 +73,14 @@ class SavedVoice:
     name: str
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     transcript: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionVoice:
+    """A voice a speech session's settings carry inline (e.g. a reference clip), made once
+    for the session by ``ApiAdapter.session_voice``: each of its sentences is spoken with
+    ``voice`` (through ``speech_inputs_with_voice``), its settings without ``fields`` (those
+    that made the voice)."""
+
+    voice: SavedVoice
+    fields: tuple[str, ...] = ()
