@@ -46,10 +46,38 @@ def test_batch_actually_batches(make_engine):
 
     node.executor.run = spy
     assert [len(t) for t in tokens(engine, prompts(16))] == [12] * 16
-    # The toy's mixed config admits 4 prefill rows per step: the four groups start at steps
-    # 0..3 and each needs 12 forwards, so 15 forwards in all, all 16 rows together at the top.
-    assert max(sizes) == 16
-    assert len(sizes) == engine.core.stats.forwards_by_group["lm:mixed"] == 15
+    # Submitted together with nothing decoding, all 16 prefill in the first forward (the
+    # toy's cap of 4 prefill rows per step applies only beside decode rows): 12 forwards.
+    assert sizes == [16] * 12
+    assert engine.core.stats.forwards_by_group["lm:mixed"] == 12
+
+
+def test_prefill_cap_holds_beside_decodes(make_engine):
+    """Requests arriving while one decodes prefill at most 4 per forward (the toy's cap)."""
+    from mstar.engine.request import Request
+
+    engine = make_engine()
+    core = engine.core
+    node = core.nodes["lm"]
+    walks: list[list[str]] = []
+    run = node.executor.run
+
+    def spy(walk, rows):
+        walks.append([r.walk for r in rows])
+        return run(walk, rows)
+
+    node.executor.run = spy
+    ps = prompts(11)
+    add = lambda i: core.add_request(Request(f"r{i}", {"prompt_ids": ps[i]}, {}, engine.make_sampling(GREEDY), 0))  # noqa: E731
+    add(0)
+    core.step()
+    for i in range(1, 11):
+        add(i)
+    while core.has_work():
+        core.step()
+    lm_forwards = [w for w in walks if w]
+    assert [w.count("prefill") for w in lm_forwards[:5]] == [1, 4, 4, 2, 0]
+    assert [w.count("decode") for w in lm_forwards[:5]] == [0, 1, 5, 9, 11]
 
 
 def test_chunked_prefill_equals_unchunked(make_engine, reference):

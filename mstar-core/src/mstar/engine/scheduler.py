@@ -195,12 +195,15 @@ class Scheduler:
         max_bs = node.submodule.max_batch_size(group_walk) or self.config.max_num_seqs
         per_walk: dict[str, int] = defaultdict(int)
         mb = self._merged.get((node.name, ready[0].walk))
+        # A walk's row cap keeps the other walks' rows at their pace; with no other walk
+        # ready (e.g. a burst of prefills and nothing decoding yet) it would only cost forwards.
+        caps = mb.max_rows if mb and len({r.walk for r in ready}) > 1 else {}
         for r in ready:
             if len(rows) >= max_bs:
                 break
             if r.req.aborted or r.req.status is not RequestStatus.RUNNING:
                 continue
-            if mb and mb.max_rows.get(r.walk) is not None and per_walk[r.walk] >= mb.max_rows[r.walk]:
+            if caps.get(r.walk) is not None and per_walk[r.walk] >= caps[r.walk]:
                 continue
             try:
                 prepared = self._prepare(node, r)
