@@ -14,11 +14,14 @@ Per row, with ``x`` the float32 logits and ``m`` their maximum:
 That definition never mentions the batch, and every path below computes it exactly, so
 a row draws the same token whichever rows share its call. On the CPU rows are split by
 kind (host reads are free there): greedy rows cost one pass for group maxima plus a
-few dozen gathered logits; filtered rows order only a candidate set (the top groups of
-``vocab_groups``, then a ``topk`` of the row) that grows until it provably holds
-everything they keep, plus one pass for the total mass when top_p is used without top_k. Elsewhere (CUDA) the draw is
-branch-free and sync-free so it can be captured in a graph: argmax for every row, and
-the same math over the whole vocabulary (a full sort only when a row uses top_k/top_p).
+few dozen gathered logits; rows with top_k, top_p or min_p order only a candidate set
+(the top groups of ``vocab_groups``, then a ``topk`` of the row) that grows until it
+provably holds everything they keep, and draw over the kept tokens alone. top_p without
+top_k needs the vocabulary's mass: bounds from the group maxima settle the cut for most
+rows, and only the others pay one more pass to sum it. Rows without any filter draw over
+the whole vocabulary. Elsewhere (CUDA) the draw is branch-free and sync-free so it can
+be captured in a graph: argmax for every row, and the same math over the whole
+vocabulary (a full sort only when a row uses top_k/top_p).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ _GREEDY_GROUPS = 4  # the maximum is in the top group unless it is tied across g
 _FIRST_GROUPS = 64  # a first candidate set of ~1k tokens holds a peaked nucleus
 _FIRST_WIDTH = 4096  # then ordered prefixes of the whole row, before a full sort
 _GROWTH = 4
+_SUM_SLACK = 4e-6  # relative: float32 sums of GROUP weights, float32 exp's monotonicity
+_EXP_SLACK = 1e-5  # relative: float32 exp against float64 exp
 
 
 def ceil_to_float32(x: Tensor) -> Tensor:
@@ -111,71 +116,123 @@ def total_mass(x: Tensor, m: Tensor, temperature: Tensor, divide: bool) -> Tenso
     return torch.cat(parts, dim=1).to(torch.float64).cumsum(dim=1)[:, -1:]
 
 
-def _draw_kept(
+@dataclass(frozen=True)
+class _Mass:
+    """The mass top_p is relative to, for rows without top_k: float64 [b, 1] bounds on
+    the value ``total_mass`` computes (``lo is hi`` when it was computed)."""
+
+    lo: Tensor
+    hi: Tensor
+
+    @classmethod
+    def exact(cls, mass: Tensor) -> _Mass:
+        return cls(mass, mass)
+
+    def take(self, rows: Tensor) -> _Mass:
+        lo = self.lo.index_select(0, rows)
+        return _Mass(lo, lo if self.hi is self.lo else self.hi.index_select(0, rows))
+
+
+def _cut(sorted_d: Tensor, bound_d: Tensor | None, rows: _Rows, mass: _Mass | None, vocab: int) -> tuple[Tensor, Tensor]:
+    """(thresh [b, 1], known [b]): the top_k/top_p threshold on ``d``, from the row's
+    largest scaled logits ``sorted_d`` (descending: every value above ``bound_d`` and one
+    more, or the whole row without a bound), and whether that prefix proves it.
+
+    Rows without top_k and top_p (min_p alone) get the prefix's last value: every token
+    they keep is above ``bound_d`` when ``known``, so that keeps them all.
+    """
+    size = sorted_d.shape[1]
+    cum = torch.cumsum(sorted_d.exp(), dim=1, dtype=torch.float64)
+    k_on = rows.top_k > 0
+    k = torch.where(k_on, rows.top_k.clamp(max=vocab), vocab)
+    # The top-k mass is known when the k largest ids are in the prefix. A candidate
+    # prefix ends at the bound, itself a candidate (a group's maximum, or the
+    # smallest of a topk), so its k-th value there is the row's k-th value.
+    k_known = k <= size
+    mass_k = cum.gather(1, k.clamp(max=size) - 1)
+    lo = hi = mass_k
+    if mass is not None:
+        lo = torch.where(k_on, mass_k, mass.lo)
+        hi = lo if mass.hi is mass.lo else torch.where(k_on, mass_k, mass.hi)
+    # Exclusive cumsum: a token is in the nucleus while the mass before it < top_p.
+    before = torch.nn.functional.pad(cum[:, :-1], (1, 0))
+    n_p = (before < rows.top_p * hi).sum(dim=1, keepdim=True)
+    p_on = rows.top_p < 1.0
+    # With bounds on the mass, the count is known where both ends give the same one.
+    p_known = p_on if hi is lo else (before < rows.top_p * lo).sum(dim=1, keepdim=True) == n_p
+    n_p = torch.where(p_on, n_p, vocab)
+    n = torch.minimum(k, n_p).clamp(min=1)
+    thresh = sorted_d.gather(1, n.clamp(max=size) - 1)
+    known = (~k_on | k_known) & (k_known | (n_p < size)) & (p_known | ~p_on)
+    if bound_d is not None:
+        # Every id outside has d <= bound_d: strictly below the cut, none is kept.
+        known &= bound_d < thresh
+        # min_p alone: every id outside has w <= exp(bound_d) < min_p (with room for
+        # float32 exp's rounding), so none is kept.
+        outside_w = bound_d.to(torch.float64).exp() * (1 + _EXP_SLACK)
+        known = torch.where(k_on | p_on, known, outside_w < rows.min_p)
+    return thresh, known.squeeze(1)
+
+
+def _draw_full(x: Tensor, m: Tensor, rows: _Rows, mass: _Mass | None, cut: bool, divide: bool) -> Tensor:
+    """Tokens [b] drawn over the whole vocabulary (a full sort when ``cut``)."""
+    d = _scaled(x, m, rows.temperature, divide)
+    thresh = torch.full_like(m, float("-inf"))
+    if cut:
+        thresh, _ = _cut(torch.sort(d, dim=1, descending=True).values, None, rows, mass, x.shape[1])
+    w = d.exp()
+    weights = torch.where((d >= thresh) & (w >= rows.min_p), w, 0.0)
+    return inverse_cdf(weights, rows.u)
+
+
+def _draw_candidates(
     x: Tensor,
     m: Tensor,
     rows: _Rows,
-    mass: Tensor | None,
-    level: tuple[Tensor, Tensor] | tuple[None, None],
-    cut: bool,
+    mass: _Mass | None,
+    level: tuple[Tensor, Tensor],
     divide: bool,
+    outside: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """(tokens [b], covered [b]) for one candidate ``level``: ids [b, C] that hold every
-    id whose logit is above bound [b, 1], or (None, None) for the whole vocabulary.
+    """(tokens [b], covered [b]) for candidates ids [b, C] that hold every id whose logit
+    is above bound [b, 1]. With ``outside`` (the candidates are whole groups), the mass
+    is bounded from it instead of ``mass``. ``covered`` is False where the candidates cannot be shown to
+    hold every token the row keeps; such rows must be drawn again from a larger level.
 
-    ``covered`` is False where the level cannot be shown to hold every token the row
-    keeps; such rows must be drawn again from a larger level.
+    Only the candidates above the bound are ordered, and the draw runs over the kept ones
+    alone: the inverse CDF in vocabulary order skips the others' zero weights exactly.
     """
     ids, bound = level
     vocab = x.shape[1]
-    xc = x if ids is None else x.gather(1, ids)
-    d = _scaled(xc, m, rows.temperature, divide)
-    covered = torch.ones(d.shape[0], dtype=torch.bool, device=x.device)
-    thresh = torch.full_like(m, float("-inf"))
-    if cut:
-        bound_d = None if bound is None else _scaled(bound, m, rows.temperature, divide)
-        sorted_d = _descending_prefix(d, bound_d)
-        size = sorted_d.shape[1]
-        cum = torch.cumsum(sorted_d.exp(), dim=1, dtype=torch.float64)
-        k_on = rows.top_k > 0
-        k = torch.where(k_on, rows.top_k.clamp(max=vocab), vocab)
-        # The top-k mass is known when the k largest ids are in the prefix. A candidate
-        # prefix ends at the bound, itself a candidate (a group's maximum, or the
-        # smallest of a topk), so its k-th value there is the row's k-th value.
-        k_known = k <= size
-        mass_k = cum.gather(1, k.clamp(max=size) - 1)
-        if mass is not None:
-            mass_k = torch.where(k_on, mass_k, mass)
-        # Exclusive cumsum: a token is in the nucleus while the mass before it < top_p.
-        before = torch.nn.functional.pad(cum[:, :-1], (1, 0))
-        n_p = (before < rows.top_p * mass_k).sum(dim=1, keepdim=True)
-        n_p = torch.where(rows.top_p >= 1.0, vocab, n_p)
-        n = torch.minimum(k, n_p).clamp(min=1)
-        thresh = sorted_d.gather(1, n.clamp(max=size) - 1)
-        known = (~k_on | k_known) & (k_known | (n_p < size))
-        if bound_d is not None:
-            # Every id outside has d <= bound_d: strictly below the cut, none is kept.
-            known &= bound_d < thresh
-        covered = known.squeeze(1)
-    w = d.exp()
-    weights = torch.where((d >= thresh) & (w >= rows.min_p), w, 0.0)
-    if ids is not None:  # inverse CDF runs in vocabulary order
-        ids, order = torch.sort(ids, dim=1)
-        weights = weights.gather(1, order)
+    d = _scaled(x.gather(1, ids), m, rows.temperature, divide)
+    if outside is not None:
+        mass = _mass_bounds(d, outside)
+    bound_d = _scaled(bound, m, rows.temperature, divide)
+    width = min(int((d > bound_d).sum(dim=1).max()) + 1, d.shape[1])
+    top = torch.topk(d, width, dim=1, sorted=True)
+    thresh, covered = _cut(top.values, bound_d, rows, mass, vocab)
+    w = top.values.exp()
+    kept = (top.values >= thresh) & (w >= rows.min_p)
+    # Dropped ids sort after every real one; their zero weights end the CDF.
+    kept_ids, order = torch.sort(torch.where(kept, ids.gather(1, top.indices), vocab), dim=1)
+    weights = torch.where(kept, w, 0.0).gather(1, order)
     pos = inverse_cdf(weights, rows.u)
-    tokens = pos if ids is None else ids.gather(1, pos.unsqueeze(1)).squeeze(1)
-    return tokens, covered
+    return kept_ids.gather(1, pos.unsqueeze(1)).squeeze(1), covered
 
 
-def _descending_prefix(d: Tensor, bound: Tensor | None) -> Tensor:
-    """The largest values of each row of ``d`` in descending order: those above
-    ``bound`` and one more (only they can be cut points), or all without a bound."""
-    if bound is None:
-        return torch.sort(d, dim=1, descending=True).values
-    width = int((d > bound).sum(dim=1).max()) + 1
-    if width >= d.shape[1]:
-        return torch.sort(d, dim=1, descending=True).values
-    return torch.topk(d, width, dim=1, sorted=True).values
+def _outside_maxima(groups: VocabGroups, top: torch.return_types.topk, rows: _Rows, divide: bool) -> Tensor:
+    """float64 [b, 1]: the sum of the largest weight of each group outside ``top``."""
+    w = _scaled(groups.group_max, groups.row_max, rows.temperature, divide).exp_()
+    return w.scatter_(1, top.indices, 0.0).to(torch.float64).cumsum(dim=1)[:, -1:]
+
+
+def _mass_bounds(d: Tensor, outside: Tensor) -> _Mass:
+    """Bounds on ``total_mass`` from the candidate groups' scaled logits ``d`` [b, C] and
+    ``_outside_maxima``: a group's mass is between its largest weight and GROUP times it.
+    ``total_mass`` adds float32 sums of GROUP weights (each within GROUP ulps), hence
+    the slack."""
+    inside = d.exp().to(torch.float64).cumsum(dim=1)[:, -1:]
+    return _Mass((inside + outside) * (1 - _SUM_SLACK), (inside + GROUP * outside) * (1 + _SUM_SLACK))
 
 
 def _levels(vocab: int, max_k: int) -> Iterator[tuple[str, int]]:
@@ -218,16 +275,34 @@ def _greedy(groups: VocabGroups) -> Tensor:
 
 
 def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
-    """Rows with top_k or top_p: grow the candidate set until it covers every row."""
-    x = groups.x
-    k_off = rows.top_k <= 0
-    mass = total_mass(x, groups.row_max, rows.temperature, divide) if bool(k_off.any()) else None
-    batch = x.shape[0]
-    tokens = torch.empty(batch, dtype=torch.int64)
-    todo = torch.arange(batch)
-    for kind, num in _levels(x.shape[1], int(rows.top_k.max())):
-        level = _candidates(groups, kind, num)
-        got, covered = _draw_kept(groups.x, groups.row_max, rows, mass, level, cut=True, divide=divide)
+    """Rows with top_k, top_p or min_p: grow the candidate set until it covers every row.
+
+    Rows with top_p and no top_k need the vocabulary's mass: on group levels it is bounded
+    from the group maxima, and summed in full only for rows whose cut those bounds leave
+    open, once they reach a later level.
+    """
+    needs_mass = bool(((rows.top_k <= 0) & (rows.top_p < 1)).any())
+    mass: _Mass | None = None
+    tokens = torch.empty(groups.x.shape[0], dtype=torch.int64)
+    todo = torch.arange(groups.x.shape[0])
+    levels = list(_levels(groups.x.shape[1], int(rows.top_k.max())))
+    i = 0
+    while i < len(levels):
+        kind, num = levels[i]
+        outside = None
+        if kind == "groups" and mass is None and needs_mass:  # bounds for the mass
+            top = groups.top_groups(num)
+            assert top is not None  # group levels stop well below the number of groups
+            level = groups.ids_of(top), top.values.amin(dim=1, keepdim=True)
+            outside = _outside_maxima(groups, top, rows, divide)
+        else:
+            if mass is None and needs_mass:
+                mass = _Mass.exact(total_mass(groups.x, groups.row_max, rows.temperature, divide))
+            level = _candidates(groups, kind, num)
+        if level[0] is None:
+            tokens[todo] = _draw_full(groups.x, groups.row_max, rows, mass, cut=True, divide=divide)
+            return tokens
+        got, covered = _draw_candidates(groups.x, groups.row_max, rows, mass, level, divide, outside)
         if bool(covered.all()):
             tokens[todo] = got
             return tokens
@@ -236,7 +311,13 @@ def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
         left = (~covered).nonzero().squeeze(1)
         todo, rows = todo[left], rows.take(left)
         groups = VocabGroups(groups.x[left], groups.group_max[left], groups.row_max[left])
-        mass = None if mass is None else mass[left]
+        mass = None if mass is None else mass.take(left)
+        needs_mass = bool(((rows.top_k <= 0) & (rows.top_p < 1)).any())
+        if outside is not None and needs_mass:
+            # Bounds too loose for some row's cut: the same level again, with exact masses.
+            mass = _Mass.exact(total_mass(groups.x, groups.row_max, rows.temperature, divide))
+        else:
+            i += 1
     raise AssertionError("the last level holds the whole vocabulary")
 
 
@@ -247,8 +328,10 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
     top_k = st.top_k.tolist()
     top_p = st.top_p.tolist()
     greedy = [i for i in range(batch) if temps[i] == 0]
-    filtered = [i for i in range(batch) if temps[i] != 0 and (top_k[i] > 0 or top_p[i] < 1)]
-    plain = [i for i in range(batch) if temps[i] != 0 and top_k[i] <= 0 and top_p[i] >= 1]
+    min_p = st.min_p.tolist()
+    sampled = [i for i in range(batch) if temps[i] != 0]
+    filtered = [i for i in sampled if top_k[i] > 0 or top_p[i] < 1 or min_p[i] > 0]
+    plain = [i for i in sampled if top_k[i] <= 0 and top_p[i] >= 1 and min_p[i] <= 0]
     tokens = torch.empty(batch, dtype=torch.int64)
 
     def part(idx: list[int]) -> tuple[Tensor, Tensor]:
@@ -268,8 +351,7 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
         sel, xs = part(plain)
         divide = any(temps[i] != 1 for i in plain)
         m = xs.amax(dim=1, keepdim=True)
-        got, _ = _draw_kept(xs, m, rows_all.take(sel), None, (None, None), cut=False, divide=divide)
-        tokens[sel] = got
+        tokens[sel] = _draw_full(xs, m, rows_all.take(sel), None, cut=False, divide=divide)
     return tokens
 
 
@@ -281,8 +363,8 @@ def draw_branch_free(x: Tensor, st: SamplingTensors) -> Tensor:
     greedy = st.temperature == 0
     rows = _Rows.of(st, torch.where(greedy, 1.0, st.temperature))
     m = x.amax(dim=1, keepdim=True)
-    mass = total_mass(x, m, rows.temperature, True) if st.needs_sort else None
-    sampled, _ = _draw_kept(x, m, rows, mass, (None, None), cut=st.needs_sort, divide=True)
+    mass = _Mass.exact(total_mass(x, m, rows.temperature, True)) if st.needs_sort else None
+    sampled = _draw_full(x, m, rows, mass, cut=st.needs_sort, divide=True)
     return torch.where(greedy, greedy_tokens, sampled)
 
 

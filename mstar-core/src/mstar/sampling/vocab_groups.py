@@ -49,14 +49,26 @@ class VocabGroups:
         Every id whose logit is > bound is in ``ids``. (None, None) when that would be
         every group: the candidates are then the whole vocabulary.
         """
+        top = self.top_groups(num)
+        if top is None:
+            return None, None
+        return self.ids_of(top), top.values.amin(dim=1, keepdim=True)
+
+    def top_groups(self, num: int) -> torch.return_types.topk | None:
+        """The ``num`` groups with the largest maxima (values, group indices), unordered;
+        None when that would be every group."""
+        if num >= self.num_groups:
+            return None
+        return torch.topk(self.group_max, num, dim=1, sorted=False)
+
+    def ids_of(self, top: torch.return_types.topk) -> Tensor:
+        """int64 [B, C]: the ids of the groups ``top`` names, then the tail ids."""
         batch, vocab = self.x.shape
         n = self.num_groups
-        if num >= n:
-            return None, None
-        top = torch.topk(self.group_max, num, dim=1, sorted=False)
+        num = top.indices.shape[1]
         offsets = torch.arange(GROUP, device=self.x.device).mul_(n).view(1, GROUP, 1)
         ids = (top.indices.unsqueeze(1) + offsets).reshape(batch, GROUP * num)
         if vocab > n * GROUP:
             tail = torch.arange(n * GROUP, vocab, device=self.x.device).expand(batch, -1)
             ids = torch.cat([ids, tail], dim=1)
-        return ids, top.values.amin(dim=1, keepdim=True)
+        return ids
