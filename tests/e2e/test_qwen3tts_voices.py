@@ -97,3 +97,43 @@ def test_clone_voices_round_trip_and_restart(setup: dict[str, Path]) -> None:
         assert gone.status_code == 400 and gone.json()["error"]["param"] == "voice"
     finally:
         second.stop()
+
+
+def test_ws_session_encodes_its_clip_once(setup: dict[str, Path]) -> None:
+    """A WS session with ``ref_audio`` in its settings: the clip becomes the session's voice
+    once (one log line for the session, not one per sentence), and every sentence sounds as
+    /v1/audio/speech with the clip inline (encoded by the engine's encoder nodes)."""
+    import json
+
+    from websockets.sync.client import connect
+
+    inline = base64.b64encode(clip_wav()).decode()
+    sentences = ["One sentence here.", "Then a second one.", "And a third."]
+    server = start(setup, "ws")
+    try:
+        url = server.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+        pcm: dict[int, bytes] = {}
+        with connect(url, proxy=None, open_timeout=30) as ws:
+            ws.send(json.dumps({"type": "session", "model": "qwen3tts", "ref_audio": inline, "ref_text": TRANSCRIPT,
+                                "seed": 5, "max_tokens": 8}))
+            ws.send(json.dumps({"type": "text", "text": " ".join(sentences)}))
+            ws.send(json.dumps({"type": "flush"}))
+            segment = None
+            while True:
+                msg = ws.recv(timeout=120)
+                if isinstance(msg, bytes):
+                    pcm[segment] = pcm.get(segment, b"") + msg
+                    continue
+                event = json.loads(msg)
+                assert event["type"] != "error", event
+                if event["type"] == "start":
+                    segment = event["segment"]
+                if event["type"] == "flushed":
+                    break
+        assert sorted(pcm) == [0, 1, 2]
+        for i, text in enumerate(sentences):
+            assert pcm[i] == speech(server.url, input=text, ref_audio=inline, ref_text=TRANSCRIPT), i
+        log = server.log_path.read_text()
+        assert log.count("made the session's voice once") == 1
+    finally:
+        server.stop()

@@ -68,12 +68,14 @@ class ToyApiAdapter(ApiAdapter):
         return EngineRequest({"prompt_ids": torch.tensor(ids, dtype=torch.long)}, prompt_tokens=len(ids))
 
     def chat_inputs(self, request: ChatCompletionRequest) -> EngineRequest:
+        return self._prompt(self._transcript(request), "messages")
+
+    def _transcript(self, request: ChatCompletionRequest) -> str:
         for i, m in enumerate(request.messages):
             if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
                 raise ValueError(f"messages[{i}]: the toy model reads text parts only")
         # A plain transcript: the toy has no chat template.
-        text = "".join(f"{m.role}: {m.text()}\n" for m in request.messages) + "assistant:"
-        return self._prompt(text, "messages")
+        return "".join(f"{m.role}: {m.text()}\n" for m in request.messages) + "assistant:"
 
     def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
         return self._prompt(request.input, "input")
@@ -89,6 +91,10 @@ class ToyApiAdapter(ApiAdapter):
     def speech_inputs_with_voice(self, request: SpeechRequest, voice: SavedVoice) -> EngineRequest:
         prefix = bytes(voice.tensors["prefix"].tolist()).decode()
         return self._prompt(prefix + request.input, "input")
+
+    def chat_inputs_with_voice(self, request: ChatCompletionRequest, voice: SavedVoice) -> EngineRequest:
+        """Spoken chat in a saved voice: its prefix opens the transcript, as in speech."""
+        return self._prompt(bytes(voice.tensors["prefix"].tolist()).decode() + self._transcript(request), "messages")
 
     def text_decoder(self) -> TextDecoder:
         return ByteTextDecoder()

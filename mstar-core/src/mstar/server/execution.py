@@ -14,6 +14,7 @@ import torch
 from mstar.api.adapter import EngineRequest
 from mstar.api.errors import ApiError
 from mstar.api.sampling import RequestSampling, resolve_sampling
+from mstar.api.voices import SavedVoice
 from mstar.server.router import Finished, RequestStream
 from mstar.server.voice_library import saved_voice
 
@@ -57,13 +58,15 @@ class Execution:
         node = self.rt.adapter.sampling_node or next(iter(self.seeds), None)
         return self.seeds.get(node) if node else None
 
-    async def start(self, request: Any, sampling: RequestSampling | dict[str, Any] | None, signals: list[str] | None) -> None:
-        """Everything up to the request running in the engines; raises ``ApiError``."""
+    async def start(self, request: Any, sampling: RequestSampling | dict[str, Any] | None, signals: list[str] | None,
+                    voice: SavedVoice | None = None) -> None:
+        """Everything up to the request running in the engines; raises ``ApiError``.
+        ``voice``: the voice to speak with (default: the saved voice the request names)."""
         try:
             configs, self.seeds = resolve_sampling(self.rt.node_samplers, self.rt.adapter.sampling_node, sampling)
             await self.rt.admission.acquire()
             self._admitted = True
-            voice = saved_voice(self.rt, self.endpoint, request)
+            voice = voice or saved_voice(self.rt, self.endpoint, request)
             self.engine_request = await self.rt.preprocess.run(self.endpoint, request, self.request_id, voice)
             inputs = self.engine_request.inputs
             check_prompt_ids(inputs, self.rt.node_samplers)

@@ -17,7 +17,9 @@ from typing import Any
 
 from mstar.api.adapter import CHAT, COMPLETIONS, GENERATE, SPEECH, VOICE, ApiAdapter, EngineRequest
 from mstar.api.errors import ApiError
-from mstar.api.voices import SavedVoice
+from mstar.api.voices import SavedVoice, SessionVoice
+
+SESSION_VOICE = "session_voice"  # a speech session's inline voice (ApiAdapter.session_voice)
 
 log = logging.getLogger("mstar.server")
 
@@ -49,7 +51,15 @@ def _adapter_call(adapter: ApiAdapter, endpoint: str, request: Any, voice: Saved
     if endpoint == VOICE:  # a VoiceUpload: decoded here, off the API's event loop
         sample = request.decode()
         return EngineRequest(adapter.voice_tensors(sample), {"sample_rate": sample.sample_rate, "duration_s": sample.duration_s})
-    if voice is not None:  # a speech request naming a saved voice
+    if endpoint == SESSION_VOICE:  # the voice as tensors, its name and fields as kwargs
+        made = adapter.session_voice(request)
+        if made is None:
+            return EngineRequest({})
+        return EngineRequest(dict(made.voice.tensors), {"name": made.voice.name, "transcript": made.voice.transcript,
+                                                         "fields": list(made.fields)})
+    if voice is not None:  # a speech (or spoken chat) request naming a saved voice
+        if endpoint == CHAT:
+            return adapter.chat_inputs_with_voice(request, voice)
         return adapter.speech_inputs_with_voice(request, voice)
     return getattr(adapter, _METHODS[endpoint])(request)
 
@@ -118,6 +128,15 @@ class PreprocessPool:
         except Exception:
             log.exception("request %s: preprocessing failed (a server fault)", request_id)
             raise ApiError(500, f"preprocessing failed with an internal error; the server log has the details under request id {request_id}", code="preprocess_error") from None
+
+    async def session_voice(self, request: Any, request_id: str = "") -> SessionVoice | None:
+        """``ApiAdapter.session_voice`` of a speech session's settings, in the pool; errors
+        as in ``run``."""
+        out = await self.run(SESSION_VOICE, request, request_id)
+        if "name" not in out.kwargs:
+            return None
+        voice = SavedVoice(out.kwargs["name"], dict(out.inputs), out.kwargs["transcript"])
+        return SessionVoice(voice, tuple(out.kwargs["fields"]))
 
     async def _in_pool(self, endpoint: str, request: Any, request_id: str, voice: SavedVoice | None) -> EngineRequest:
         assert self._pool is not None

@@ -86,7 +86,11 @@ def check_audio_output(rt: ServerRuntime, req: ChatCompletionRequest) -> None:
         raise ApiError(400, problem, param="audio.format")
     if req.stream and fmt not in ("pcm16", "pcm"):
         raise ApiError(400, "streamed audio is sent as pcm16; set audio.format to \"pcm16\"", param="audio.format")
-    adapter.audio_voice(req.audio.voice_name if req.audio is not None else None, "audio.voice")
+    voice = req.audio.voice_name if req.audio is not None else None
+    library = getattr(rt, "voices", None)
+    if voice is not None and adapter.creates_voices and library is not None and library.get(voice) is not None:
+        return  # a saved voice: Execution loads it for the adapter
+    adapter.audio_voice(voice, "audio.voice")
 
 
 async def chat_completions(rt: ServerRuntime, req: ChatCompletionRequest, receive: Receive) -> Response:

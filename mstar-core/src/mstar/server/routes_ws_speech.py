@@ -6,7 +6,9 @@ Client → server (JSON text frames):
   ``/v1/audio/speech`` field but ``input``, ``response_format`` and ``stream_format``
   (``model``, ``voice``, ``seed``, ``temperature``, ``max_tokens``, ``sampling``, ...), and
   ``max_segment_chars`` (the splitter's limit, default 300). Optional: without it the
-  served model's defaults apply.
+  served model's defaults apply. A voice the settings carry inline (a model's
+  ``ApiAdapter.session_voice``, e.g. a Qwen3-TTS Base ``ref_audio``) is made once here,
+  not again for every sentence.
 - ``{"type": "text", "text": "..."}``: more text; each sentence it completes
   (``mstar.server.sentences`` has the rule) becomes one speech request.
 - ``{"type": "flush"}``: the text so far ends (the rest becomes a last sentence); the
@@ -53,6 +55,7 @@ from mstar.api.audio import to_pcm16
 from mstar.api.errors import ApiError, validation_error
 from mstar.api.protocol import SpeechRequest
 from mstar.api.sampling import request_sampling, resolve_sampling
+from mstar.api.voices import SessionVoice
 from mstar.server.execution import Execution
 from mstar.server.output_tracker import OutputTracker
 from mstar.server.runtime import ServerRuntime
@@ -74,6 +77,7 @@ class _Segment:
     index: int
     text: str
     request: SpeechRequest
+    voice: SessionVoice | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     holds_slot: bool = False  # a generation slot, freed by the sender once it is sent
 
@@ -140,6 +144,7 @@ class _Session:
         self.count = 0  # sentences so far
         self.tasks: set[asyncio.Task] = set()  # sentences still generating
         self.sample_rate = rt.adapter.sample_rate or 16000
+        self.voice: SessionVoice | None = None  # the settings' inline voice, made once
 
     async def run(self) -> None:
         sender = asyncio.create_task(self._send_in_order())
@@ -203,8 +208,17 @@ class _Session:
             resolve_sampling(rt.node_samplers, rt.adapter.sampling_node, request_sampling(req, max_tokens=("max_tokens", req.max_tokens)))
         except ApiError as exc:
             return await self._error(exc)
+        try:
+            # A voice the settings carry inline (e.g. a reference clip) is made here, once,
+            # not again for every sentence.
+            voice = await rt.preprocess.session_voice(req, f"speechws-session-{id(self)}")
+        except ApiError as exc:
+            return await self._error(exc)
+        if voice is not None:
+            log.info("speech stream: made the session's voice once (%s)", ", ".join(voice.fields))
         self.rt, self.sample_rate = rt, rt.adapter.sample_rate or 16000
         self.settings = settings
+        self.voice = voice
         self.splitter.max_chars = max_chars
 
     def _model(self, name: str) -> ServerRuntime:
@@ -227,7 +241,10 @@ class _Session:
             raise validation_error(exc) from None
 
     async def _speak(self, sentence: str) -> None:
-        seg = _Segment(self.count, sentence, self._request(self.settings, sentence))
+        settings = self.settings
+        if self.voice is not None:
+            settings = {k: v for k, v in settings.items() if k not in self.voice.fields}
+        seg = _Segment(self.count, sentence, self._request(settings, sentence), self.voice)
         self.count += 1
         if len(self.tasks) >= MAX_WAITING:
             err = ApiError(429, f"more than {MAX_WAITING} sentences are waiting to be spoken; send text as fast as it is spoken", code="too_many_sentences")
@@ -256,7 +273,8 @@ class _Session:
             if self.rt.draining:
                 raise ApiError(503, "the server is shutting down; reconnect to another instance or later", code="server_shutting_down")
             req = seg.request
-            await ex.start(req, request_sampling(req, max_tokens=("max_tokens", req.max_tokens)), [self.rt.adapter.audio_signal])
+            voice = seg.voice.voice if seg.voice is not None else None
+            await ex.start(req, request_sampling(req, max_tokens=("max_tokens", req.max_tokens)), [self.rt.adapter.audio_signal], voice)
             put({"type": "start", "segment": seg.index, "text": seg.text, "request_id": ex.request_id, "seed": ex.seed,
                  "sample_rate": self.sample_rate, "encoding": "pcm_s16le", "channels": 1})
             out = OutputTracker(self.rt, ex, self.rt.adapter.text_decoder())

@@ -156,14 +156,23 @@ class VoiceLibrary:
 
 
 def saved_voice(rt: Any, endpoint: str, request: Any) -> SavedVoice | None:
-    """The saved voice a speech request names, or None (no voice, a built-in one, or a
-    model that makes no voices: its adapter judges the name as before)."""
-    from mstar.api.adapter import SPEECH
-
+    """The saved voice a speech request names (``voice``), or a chat request with audio out
+    (``audio.voice``), or None (no voice, a built-in one, or a model that makes no voices:
+    its adapter judges the name as before)."""
     library: VoiceLibrary | None = getattr(rt, "voices", None)
-    name = getattr(request, "voice", None)
-    if endpoint != SPEECH or library is None or not name or not rt.adapter.creates_voices:
+    name = requested_voice(endpoint, request)
+    if library is None or not name or not rt.adapter.creates_voices:
         return None
     if name in {v.name for v in rt.adapter.voices()} or library.get(name) is None:
         return None
     return library.load(name)
+
+
+def requested_voice(endpoint: str, request: Any) -> str | None:
+    from mstar.api.adapter import CHAT, SPEECH
+
+    if endpoint == SPEECH:
+        return getattr(request, "voice", None)
+    if endpoint == CHAT and getattr(request, "wants_audio", False) and request.audio is not None:
+        return request.audio.voice_name
+    return None
