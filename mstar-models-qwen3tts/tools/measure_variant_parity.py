@@ -1,7 +1,8 @@
 """Max abs errors against the qwen-tts 0.1.1 fixtures of the base, design and instruct variants
 (what tests/qwen3tts/test_qwen3tts_variants_parity.py asserts within tolerances), printed as
 numbers: speaker embedding, prefill embeddings, talker and code-predictor logits, audio; and
-whether the greedy codes and the encoder's reference codes are identical.
+whether the greedy codes and the encoder's reference codes are identical; then the base cases
+again with the clip's features encoded by the engine's encoder nodes.
 
     OMP_NUM_THREADS=1 .venv/bin/python mstar-models-qwen3tts/tools/measure_variant_parity.py
 """
@@ -47,3 +48,21 @@ for variant, cases in t.VARIANT_CASES.items():
         err["audio"] = max(err["audio"], (r.cat("audio")[: len(wa)] - wa).abs().max().item())
     eng.close()
 print({k: f"{v:.2e}" for k, v in err.items()}, "greedy codes equal:", codes_equal, "ref codes equal:", ref_codes_equal)
+
+# Base again, the clip's features through the engine's encoder nodes (what an inline ref_audio runs).
+from test_qwen3tts_encoder_nodes_parity import node_request  # noqa: E402
+
+node_err = {k: 0.0 for k in ("talker", "predictor", "audio")}
+node_codes_equal = True
+ref = load_reference("base", root)
+eng = Engine.from_model("qwen3tts", weights=ref.ckpt)
+for name in t.VARIANT_CASES["base"]:
+    with LogitRecorder(eng) as rec:
+        r = eng.run_batch([node_request(ref, t._case(ref, name))])[0]
+    wt, wp, wc, wa = (ref.get(name, k) for k in ("talker_logits", "predictor_logits", "codes", "audio"))
+    node_err["talker"] = max(node_err["talker"], (rec.talker_logits()[: len(wt)] - wt).abs().max().item())
+    node_err["predictor"] = max(node_err["predictor"], (rec.predictor_logits()[: len(wp)] - wp).abs().max().item())
+    node_codes_equal &= torch.equal(frames(r, wc.shape[1])[: len(wc)], wc)
+    node_err["audio"] = max(node_err["audio"], (r.cat("audio")[: len(wa)] - wa).abs().max().item())
+eng.close()
+print("base through the encoder nodes:", {k: f"{v:.2e}" for k, v in node_err.items()}, "greedy codes equal:", node_codes_equal)
