@@ -93,8 +93,10 @@ class ToyLM(ARNodeSubmodule):
         return self.cfg["max_position_embeddings"]
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
-        ids = signals["prompt_ids"] if graph_walk == "prefill" else signals["token"]
-        ids = ids.reshape(-1).to(torch.long)
+        if graph_walk != "prefill":  # the token this node sampled last step: in range by construction
+            ids = signals["token"].reshape(-1).to(torch.long)
+            return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
+        ids = signals["prompt_ids"].reshape(-1).to(torch.long)
         if ids.numel() == 0:
             raise ValueError("the prompt is empty")
         if int(ids.max()) >= self.cfg["vocab_size"] or int(ids.min()) < 0:

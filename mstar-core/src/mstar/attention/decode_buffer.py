@@ -73,8 +73,10 @@ class DecodeBuffer:
             fill[:, :have] = tables[:, :have]  # columns past a row's blocks: block 0, masked out
             fill_blocks = fill.reshape(-1)
             self._ensure_storage(len(rows) * self._capacity)
-        lens = torch.tensor(kv_lens, dtype=torch.int64, device=self.kv.device)
-        append_index = torch.arange(len(rows), device=self.kv.device) * self._capacity + lens - 1
+        cap = self._capacity
+        append_index = torch.tensor(
+            [b * cap + n - 1 for b, n in enumerate(kv_lens)], dtype=torch.int64, device=self.kv.device
+        )
         self._rows, self._kv_lens, self._written = rows, kv_lens, set()
         self._step = BufferStep(not appendable, self._capacity, fill_blocks, append_index)
         return self._step

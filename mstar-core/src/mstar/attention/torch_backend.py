@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -32,14 +32,22 @@ class _TorchPlan:
     query_unpad: torch.Tensor | None
     mask: torch.Tensor  # [B, 1, Qmax, Nb*block_size] bool, True = may attend
     buffer: BufferStep | None = None  # a decode step served by the DecodeBuffer
+    # ``mask`` as SDPA's additive form (0 / -inf) per query dtype, made once for all layers:
+    # SDPA would convert a bool mask this same way on every call.
+    additive_masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        mask = self.additive_masks.get(dtype)
+        if mask is None:
+            mask = torch.where(self.mask, 0.0, float("-inf")).to(dtype)
+            self.additive_masks[dtype] = mask
+        return mask
 
 
 def _build_plan(batch: AttentionBatch, device: torch.device) -> _TorchPlan:
     num_rows, max_q, max_kv = batch.num_rows, batch.max_query_len, batch.max_kv_len
     block_size = batch.block_size
-    qo_indptr = batch.qo_indptr.to(device=device, dtype=torch.int64)
     kv_lens = batch.kv_lens.to(device=device, dtype=torch.int64)
-    q_lens = qo_indptr[1:] - qo_indptr[:-1]
     num_tokens = batch.num_tokens
 
     # The longest row's table holds ceil(max_kv / block_size) blocks, so the padded tables do.
@@ -47,30 +55,35 @@ def _build_plan(batch: AttentionBatch, device: torch.device) -> _TorchPlan:
     tables = batch.block_tables.to(device=device, dtype=torch.int64)[:, :num_blocks]
     keys_per_row = num_blocks * block_size
     key_pos = torch.arange(keys_per_row, device=device)
-
-    query_idx = torch.arange(max_q, device=device)
-    query_gather = query_unpad = None
-    if max_q > 1:
-        query_valid = query_idx < q_lens[:, None]
-        query_gather = torch.where(query_valid, qo_indptr[:-1, None] + query_idx, 0).reshape(-1)
-        # output_size keeps repeat_interleave free of a device sync.
-        token_row = torch.repeat_interleave(
-            torch.arange(num_rows, device=device), q_lens, output_size=num_tokens
-        )
-        offset_in_row = torch.arange(num_tokens, device=device) - qo_indptr[token_row]
-        query_unpad = token_row * max_q + offset_in_row
-
-    # New tokens sit at the end of the stream, so query i of row b is at kv_len - q_len + i.
-    # Padding queries land at or past kv_len and so see every real key: never an empty row.
-    query_pos = (kv_lens - q_lens)[:, None] + query_idx
     key_valid = key_pos < kv_lens[:, None]
-    causal_ok = key_pos[None, None, :] <= query_pos[:, :, None]
-    row_causal = batch.causal.to(device)[:, None, None]
-    mask = key_valid[:, None, :] & (causal_ok | ~row_causal)
-    for b, row in enumerate(batch.rows):
-        if row.custom_mask is not None:
-            q_len, kv_len = row.custom_mask.shape
-            mask[b, :q_len, :kv_len] = row.custom_mask.to(device)
+
+    query_gather = query_unpad = None
+    if max_q == 1 and not batch.has_custom_masks:
+        # Decode: each row's one query sits at kv_len - 1, so it may see every real key.
+        mask = key_valid[:, None, :]
+    else:
+        qo_indptr = batch.qo_indptr.to(device=device, dtype=torch.int64)
+        q_lens = qo_indptr[1:] - qo_indptr[:-1]
+        query_idx = torch.arange(max_q, device=device)
+        if max_q > 1:
+            query_valid = query_idx < q_lens[:, None]
+            query_gather = torch.where(query_valid, qo_indptr[:-1, None] + query_idx, 0).reshape(-1)
+            # output_size keeps repeat_interleave free of a device sync.
+            token_row = torch.repeat_interleave(
+                torch.arange(num_rows, device=device), q_lens, output_size=num_tokens
+            )
+            offset_in_row = torch.arange(num_tokens, device=device) - qo_indptr[token_row]
+            query_unpad = token_row * max_q + offset_in_row
+        # New tokens sit at the end of the stream, so query i of row b is at kv_len - q_len + i.
+        # Padding queries land at or past kv_len and so see every real key: never an empty row.
+        query_pos = (kv_lens - q_lens)[:, None] + query_idx
+        causal_ok = key_pos[None, None, :] <= query_pos[:, :, None]
+        row_causal = batch.causal.to(device)[:, None, None]
+        mask = key_valid[:, None, :] & (causal_ok | ~row_causal)
+        for b, row in enumerate(batch.rows):
+            if row.custom_mask is not None:
+                q_len, kv_len = row.custom_mask.shape
+                mask[b, :q_len, :kv_len] = row.custom_mask.to(device)
 
     return _TorchPlan(
         num_rows=num_rows,
@@ -154,7 +167,7 @@ class TorchAttentionBackend(AttentionBackend):
             queries.transpose(1, 2),
             keys,
             values,
-            attn_mask=plan.mask,
+            attn_mask=plan.additive_mask(q.dtype),
             scale=scale,
             enable_gqa=num_q_heads != hkv,
         )

@@ -303,6 +303,8 @@ class Scheduler:
         if replay:
             chunk = history.replay_chunk(start, n, node.submodule.split_inputs)
             n = chunk.input_seq_len
+        elif start == 0 and n == total:  # the whole step in one forward: nothing to split
+            chunk = prepared.inputs
         else:
             chunk = node.submodule.split_inputs(r.walk, prepared.info, prepared.inputs, start, start + n)  # type: ignore[arg-type]
         if not self._reserve(node, req, n, rows):
