@@ -34,13 +34,14 @@ from torch import Tensor
 
 from mstar.sampling.counter_rng import uniform
 from mstar.sampling.tensors import SamplingTensors
-from mstar.sampling.vocab_groups import GROUP, VocabGroups
+from mstar.sampling.vocab_groups import GROUP, TopGroups, VocabGroups
 
 _GREEDY_GROUPS = 4  # the maximum is in the top group unless it is tied across groups
 _FIRST_GROUPS = 64  # a first candidate set of ~1k tokens holds a peaked nucleus
 _FIRST_WIDTH = 4096  # then ordered prefixes of the whole row, before a full sort
 _GROWTH = 4
 _SUM_SLACK = 4e-6  # relative: float32 sums of GROUP weights, float32 exp's monotonicity
+_FLOAT32_SUM_SLACK = 1e-3  # relative: a float32 sum of ~1e4 non-negative terms
 _EXP_SLACK = 1e-5  # relative: float32 exp against float64 exp
 
 
@@ -220,10 +221,11 @@ def _draw_candidates(
     return kept_ids.gather(1, pos.unsqueeze(1)).squeeze(1), covered
 
 
-def _outside_maxima(groups: VocabGroups, top: torch.return_types.topk, rows: _Rows, divide: bool) -> Tensor:
-    """float64 [b, 1]: the sum of the largest weight of each group outside ``top``."""
+def _outside_maxima(groups: VocabGroups, top: TopGroups, rows: _Rows, divide: bool) -> Tensor:
+    """float64 [b, 1]: the sum of the largest weight of each group outside ``top``,
+    summed in float32 (``_mass_bounds`` allows for its rounding)."""
     w = _scaled(groups.group_max, groups.row_max, rows.temperature, divide).exp_()
-    return w.scatter_(1, top.indices, 0.0).to(torch.float64).cumsum(dim=1)[:, -1:]
+    return w.scatter_(1, top.indices, 0.0).sum(dim=1, keepdim=True).to(torch.float64)
 
 
 def _mass_bounds(d: Tensor, outside: Tensor) -> _Mass:
@@ -231,8 +233,10 @@ def _mass_bounds(d: Tensor, outside: Tensor) -> _Mass:
     ``_outside_maxima``: a group's mass is between its largest weight and GROUP times it.
     ``total_mass`` adds float32 sums of GROUP weights (each within GROUP ulps), hence
     the slack."""
-    inside = d.exp().to(torch.float64).cumsum(dim=1)[:, -1:]
-    return _Mass((inside + outside) * (1 - _SUM_SLACK), (inside + GROUP * outside) * (1 + _SUM_SLACK))
+    inside = d.exp().sum(dim=1, keepdim=True, dtype=torch.float64)
+    lo = inside + outside * (1 - _FLOAT32_SUM_SLACK)
+    hi = inside + GROUP * outside * (1 + _FLOAT32_SUM_SLACK)
+    return _Mass(lo * (1 - _SUM_SLACK), hi * (1 + _SUM_SLACK))
 
 
 def _levels(vocab: int, max_k: int) -> Iterator[tuple[str, int]]:
