@@ -170,3 +170,38 @@ def test_mixed_batch_equals_rows_alone_equals_reference_equals_branch_free(kind)
     assert compared >= 0.8 * len(rows)
     if kind == "masked":  # every draw lands inside the allowed slice
         assert bool(((batch >= 1000) & (batch < 1030)).all())
+
+
+@pytest.mark.parametrize("quantised", [False, True])
+def test_top_groups_through_super_groups_are_the_top_groups(quantised):
+    # 2,500 groups of 16 (and a tail): the super-group pick runs for small counts; with
+    # quantised logits many maxima tie at the bound, and any tied group may be taken.
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, VOCAB + 9, generator=gen)
+    if quantised:
+        x = (x * 2).round()
+    groups = VocabGroups.of(x)
+    assert torch.equal(groups.row_max.squeeze(1), x.amax(dim=1))
+    for num in (1, 4, 64, 200, 2000):
+        top = groups.top_groups(num)
+        want = torch.topk(groups.group_max, num, dim=1).values
+        assert torch.equal(top.values.sort(dim=1, descending=True).values, want)
+        assert torch.equal(groups.group_max.gather(1, top.indices), top.values)
+        ids, bound = groups.candidates(num)
+        for r in range(4):
+            inside = set(ids[r].tolist())
+            assert len(inside) == ids.shape[1]
+            assert set((x[r] > bound[r]).nonzero().squeeze(1).tolist()) <= inside
+
+
+def test_host_inverse_cdf_falls_back_to_the_last_positive_weight():
+    # u = 1 puts the target at the total: the search ends past the last positive weight.
+    gen = torch.Generator().manual_seed(6)
+    w = torch.rand(5, 300, generator=gen) * (torch.rand(5, 300, generator=gen) < 0.2)
+    w[:, 250:] = 0.0
+    u = torch.tensor([0.0, 0.3, 0.999, 1.0, 1.0], dtype=torch.float64)
+    sync_free = draw.inverse_cdf(w, u)
+    assert torch.equal(draw.inverse_cdf(w, u, host=True), sync_free)
+    last = [int(row.nonzero().max()) for row in w]
+    assert sync_free[3:].tolist() == last[3:]
+    assert bool((w.gather(1, sync_free.unsqueeze(1)) > 0).all())

@@ -52,7 +52,7 @@ def ceil_to_float32(x: Tensor) -> Tensor:
     return torch.where(x32.to(torch.float64) < x, up, x32)
 
 
-def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
+def inverse_cdf(weights: Tensor, u: Tensor, host: bool = False) -> Tensor:
     """int64 [B]: the first index whose cumulative weight exceeds u*total.
 
     float64 cumsum because float32 only resolves ~1e-7 near 1.0, which would
@@ -60,15 +60,17 @@ def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     to have positive weight: float rounding could otherwise land on a
     zero-weight index (u*total rounding up to total, or a parallel scan that is
     not exactly flat across zeros); those rows fall back to the last positive one.
+    With ``host`` (host reads are free) that fallback is computed only when needed.
     """
     vocab = weights.shape[1]
     cdf = torch.cumsum(weights, dim=1, dtype=torch.float64)
     target = u.unsqueeze(1) * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, target, right=True).clamp(max=vocab - 1)
-    positive = weights > 0
-    ok = positive.gather(1, idx).squeeze(1)
-    last_positive = (vocab - 1) - positive.flip(1).to(torch.uint8).argmax(dim=1)
-    return torch.where(ok, idx.squeeze(1), last_positive)
+    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1).squeeze(1)
+    ok = weights.gather(1, idx.unsqueeze(1)).squeeze(1) > 0
+    if host and bool(ok.all()):
+        return idx
+    last_positive = (vocab - 1) - (weights > 0).flip(1).to(torch.uint8).argmax(dim=1)
+    return torch.where(ok, idx, last_positive)
 
 
 @dataclass(frozen=True)
@@ -175,15 +177,21 @@ def _cut(sorted_d: Tensor, bound_d: Tensor | None, rows: _Rows, mass: _Mass | No
     return thresh, known.squeeze(1)
 
 
-def _draw_full(x: Tensor, m: Tensor, rows: _Rows, mass: _Mass | None, cut: bool, divide: bool) -> Tensor:
-    """Tokens [b] drawn over the whole vocabulary (a full sort when ``cut``)."""
+def _draw_full(
+    x: Tensor, m: Tensor, rows: _Rows, mass: _Mass | None, cut: bool, divide: bool, host: bool = False
+) -> Tensor:
+    """Tokens [b] drawn over the whole vocabulary (a full sort when ``cut``). ``host``:
+    the caller may sync, and without ``cut`` promises that no row uses min_p."""
     d = _scaled(x, m, rows.temperature, divide)
+    if host and not cut:
+        # Keeping d >= -inf and w >= 0 only drops NaN weights.
+        return inverse_cdf(d.exp_().nan_to_num_(nan=0.0), rows.u, host=True)
     thresh = torch.full_like(m, float("-inf"))
     if cut:
         thresh, _ = _cut(torch.sort(d, dim=1, descending=True).values, None, rows, mass, x.shape[1])
     w = d.exp()
     weights = torch.where((d >= thresh) & (w >= rows.min_p), w, 0.0)
-    return inverse_cdf(weights, rows.u)
+    return inverse_cdf(weights, rows.u, host)
 
 
 def _draw_candidates(
@@ -217,7 +225,7 @@ def _draw_candidates(
     # Dropped ids sort after every real one; their zero weights end the CDF.
     kept_ids, order = torch.sort(torch.where(kept, ids.gather(1, top.indices), vocab), dim=1)
     weights = torch.where(kept, w, 0.0).gather(1, order)
-    pos = inverse_cdf(weights, rows.u)
+    pos = inverse_cdf(weights, rows.u, host=True)
     return kept_ids.gather(1, pos.unsqueeze(1)).squeeze(1), covered
 
 
@@ -304,7 +312,7 @@ def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
                 mass = _Mass.exact(total_mass(groups.x, groups.row_max, rows.temperature, divide))
             level = _candidates(groups, kind, num)
         if level[0] is None:
-            tokens[todo] = _draw_full(groups.x, groups.row_max, rows, mass, cut=True, divide=divide)
+            tokens[todo] = _draw_full(groups.x, groups.row_max, rows, mass, cut=True, divide=divide, host=True)
             return tokens
         got, covered = _draw_candidates(groups.x, groups.row_max, rows, mass, level, divide, outside)
         if bool(covered.all()):
@@ -355,7 +363,7 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
         sel, xs = part(plain)
         divide = any(temps[i] != 1 for i in plain)
         m = xs.amax(dim=1, keepdim=True)
-        tokens[sel] = _draw_full(xs, m, rows_all.take(sel), None, cut=False, divide=divide)
+        tokens[sel] = _draw_full(xs, m, rows_all.take(sel), None, cut=False, divide=divide, host=True)
     return tokens
 
 
