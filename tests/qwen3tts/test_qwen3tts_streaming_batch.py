@@ -92,3 +92,56 @@ def test_seeded_audio_is_byte_identical_under_load_with_batched_codec(engines, b
     assert max(rows) > 1, "the codec never decoded two requests in one call"
     assert torch.equal(loaded[2].cat("codes"), alone.cat("codes"))
     assert loaded[2].cat("audio").numpy().tobytes() == alone.cat("audio").numpy().tobytes()
+
+
+def test_first_chunks_and_later_chunks_take_their_own_call_sizes(batched_ckpt) -> None:
+    """Streams at their first chunk share calls of ``first_batch`` rows, the others calls of
+    ``batch`` rows, even at equal chunk lengths; every row equals its decode alone."""
+    cfg = Qwen3TTSConfig.from_dict(load_config(batched_ckpt))
+    node = CodecNode(cfg.codec, batch=BATCH, first_batch=1)
+    load_codec(node, batched_ckpt)
+    calls: list[int] = []
+    node.decoder.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[0]))
+    g = torch.Generator().manual_seed(3)
+    q, v = cfg.codec.num_quantizers, cfg.codec.codebook_size
+    streams = [torch.randint(0, v, (16, q), generator=g) for _ in range(3)]
+    with torch.inference_mode():
+        _, (advanced,) = node.decode_chunks([streams[0][:4]], [StreamState()])
+        calls.clear()
+        audio, _ = node.decode_chunks([streams[0][4:], streams[1][:12], streams[2][:12]], [advanced, StreamState(), StreamState()])
+        assert sorted(calls) == [1, 1, BATCH]  # two fresh streams alone, the continuing one padded
+        whole = [node.decode(streams[0])[4 * node.decoder.samples_per_frame :], node.decode(streams[1][:12]), node.decode(streams[2][:12])]
+    for a, b in zip(audio, whole, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_cpu_default_batches_later_chunks_and_keeps_seeded_audio(engines, tiny_ckpt, monkeypatch) -> None:
+    """The CPU default (no ``codec_batch`` in the config): first chunks alone, later chunks in
+    calls of 4, the codec beside the talker (overlap_nodes); a seeded request's audio is
+    byte-identical alone and among requests that share its codec calls."""
+    engine = engines(tiny_ckpt)
+    assert engine.core.scheduler.config.overlap_nodes  # the plugin's engine default
+    node = engine.core.nodes["codec"].submodule
+    assert (node.batch, node.first_batch) == (4, 1)
+    shared: list[int] = []
+    decoder_forward = node.decoder.forward
+
+    def spy(codes, state=None):
+        shared.append(codes.shape[0])
+        return decoder_forward(codes, state)
+
+    monkeypatch.setattr(node.decoder, "forward", spy)
+    seeded = {"inputs": speech_inputs(tiny_ckpt, "Seeded under load."), "sampling": sampling({"seed": 5, "max_tokens": 30}, {})}
+    alone = engine.run_batch([seeded])[0]
+    assert alone.error is None and alone.cat("audio").numel() > 0
+    others = [
+        {"inputs": speech_inputs(tiny_ckpt, f"Other request {i}.", "ryan" if i % 2 else "vivian"),
+         "sampling": sampling({"max_tokens": 16 + 7 * i, "seed": 100 + i}, {"temperature": 1.1})}
+        for i in range(5)
+    ]
+    shared.clear()
+    loaded = engine.run_batch([*others[:2], seeded, *others[2:]])
+    assert all(r.error is None for r in loaded)
+    assert torch.equal(loaded[2].cat("codes"), alone.cat("codes"))
+    assert loaded[2].cat("audio").numpy().tobytes() == alone.cat("audio").numpy().tobytes()
+    assert set(shared) == {1, 4}, shared  # fresh streams alone, the others in padded calls of 4

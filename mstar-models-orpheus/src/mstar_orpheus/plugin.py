@@ -3,7 +3,8 @@
 Graph: partition ``lm`` runs ``prefill`` then the ``decode`` loop; each step samples a
 token and, for an accepted audio token, appends its SNAC code to the ``code`` stream.
 Partition ``audio`` runs ``vocode``: every 7 codes from the 28th on, node ``snac`` decodes
-the last 28 and emits 2048 samples at 24 kHz, while the LM keeps decoding.
+the last 28 and emits 2048 samples at 24 kHz, while the LM keeps decoding (the engine runs
+the two nodes' batches side by side: ``engine_defaults`` turns ``overlap_nodes`` on).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def mstar_model_spec() -> ModelSpec:
         write_tiny_checkpoint=lazy("mstar_orpheus.checkpoint:write_checkpoint"),
         default_placement={"lm": "0", "snac": "0"},
         example_requests=_example_requests,
+        # SNAC windows decode on a worker thread beside the LM's next step.
+        engine_defaults={"overlap_nodes": True},
     )
 
 

@@ -13,8 +13,11 @@ them in the state. Otherwise each chunk's left context is topped up with the las
 frames, up to ``left_context`` frames.
 
 Batching (stateful only): chunks of equal length from different requests share one decoder
-call, always at ``batch`` rows (padded with silent fresh streams), so a row's arithmetic is
-the same whatever else runs: a seeded request's audio stays byte-identical under load.
+call of a fixed size (padded with silent fresh streams): ``first_batch`` rows for streams at
+their first chunk, ``batch`` rows for the others. The size depends only on the row's own
+stream, never on how many real rows share the call, so a row's arithmetic is the same
+whatever else runs: a seeded request's audio stays byte-identical under load. (A small
+``first_batch`` keeps the first chunk, and so the time to first audio, as cheap as alone.)
 """
 
 from __future__ import annotations
@@ -39,14 +42,20 @@ STATE_KEY = "codec_stream"
 
 
 class CodecNode(NodeSubmodule):
-    def __init__(self, cfg: CodecConfig, stateful: bool = True, batch: int = 1, left_context: int = 0) -> None:
+    def __init__(
+        self, cfg: CodecConfig, stateful: bool = True, batch: int = 1, left_context: int = 0, first_batch: int | None = None,
+    ) -> None:
+        """``batch``: rows of a call of continuing streams; ``first_batch`` (default
+        ``batch``): rows of a call of streams at their first chunk."""
         super().__init__()
-        if batch < 1:
-            raise ValueError(f"codec batch must be >= 1, got {batch}")
+        first_batch = batch if first_batch is None else first_batch
+        if batch < 1 or first_batch < 1:
+            raise ValueError(f"codec batch sizes must be >= 1, got {batch} and first {first_batch}")
         self.cfg = cfg
         self.stateful = stateful
         self.left_context = left_context
         self.batch = batch if stateful else 1
+        self.first_batch = first_batch if stateful else 1
         self.decoder = CodecDecoder(cfg)
 
     def get_autocast_dtype(self) -> torch.dtype:
@@ -55,7 +64,7 @@ class CodecNode(NodeSubmodule):
     def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
         # Batch shape changes conv rounding: only fixed-size calls keep a seeded request's
         # audio byte-identical whatever else the server is doing (see decode_chunks).
-        return self.batch > 1
+        return max(self.batch, self.first_batch) > 1
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> NodeInputs:
         codes = signals["code_chunk"].reshape(-1, self.cfg.num_quantizers).to(torch.long)
@@ -100,22 +109,24 @@ class CodecNode(NodeSubmodule):
     def decode_chunks(self, codes: list[torch.Tensor], states: list[StreamState]) -> tuple[list[torch.Tensor], list[StreamState]]:
         """Chunks [T_i, G] of several streams → (their audio, their advanced states).
 
-        Chunks of one length share calls of exactly ``self.batch`` rows; unused rows decode
-        zeros from a fresh state and are dropped."""
+        Chunks of one length share calls of exactly ``self.first_batch`` rows (streams at
+        their first chunk) or ``self.batch`` rows (the others); unused rows decode zeros from
+        a fresh state and are dropped."""
         audio: list[torch.Tensor] = [torch.empty(0)] * len(codes)
         advanced = list(states)
-        by_length: dict[int, list[int]] = {}
+        groups: dict[tuple[bool, int], list[int]] = {}
         for i, c in enumerate(codes):
-            by_length.setdefault(c.shape[0], []).append(i)
-        for length, rows in by_length.items():
-            for start in range(0, len(rows), self.batch):
-                run = rows[start : start + self.batch]
-                pad = self.batch - len(run)
+            groups.setdefault((not states[i].entries, c.shape[0]), []).append(i)
+        for (first, length), rows in groups.items():
+            size = self.first_batch if first else self.batch
+            for start in range(0, len(rows), size):
+                run = rows[start : start + size]
+                pad = size - len(run)
                 filler = codes[run[0]].new_zeros(length, self.cfg.num_quantizers)
                 batch_codes = torch.stack([c.T for c in [*(codes[i] for i in run), *[filler] * pad]])
                 state = StreamState.stack([*(states[i] for i in run), *(StreamState() for _ in range(pad))])
                 wav = self.decoder(batch_codes, state)[:, 0]
-                for i, row_wav, row_state in zip(run, wav, state.split([1] * self.batch), strict=False):
+                for i, row_wav, row_state in zip(run, wav, state.split([1] * size), strict=False):
                     audio[i], advanced[i] = row_wav, row_state
         return audio, advanced
 

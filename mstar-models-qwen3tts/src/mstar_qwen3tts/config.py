@@ -31,8 +31,9 @@ CONTROL_BLOCK = 1024
 # early, larger chunks after. ``stateful`` decodes each chunk from its new frames plus the
 # decoder's carried state; ``stateful: false`` re-decodes ``left_context`` frames instead
 # (None means "the decoder's exact receptive field"). Either way seams never change the audio.
-# ``codec_batch``: rows of every stateful codec call (None: 8 on CUDA, 1 elsewhere);
-# ``encoder_batch``: rows of every clone-encoder call (Base; same default).
+# ``codec_batch``: rows of every stateful codec call (None: 8 on CUDA; on other devices 1 for
+# streams at their first chunk and 4 after, see factories.codec_batches);
+# ``encoder_batch``: rows of every clone-encoder call (Base; None: 8 on CUDA, 1 elsewhere).
 DEFAULT_STREAMING: dict[str, int | bool | None] = {
     "chunk": 12, "first_chunk": 4, "left_context": None, "stateful": True, "codec_batch": None, "encoder_batch": None,
 }

@@ -28,17 +28,28 @@ def build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: st
     return talker.to(device=device, dtype=dtype)
 
 
-def build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def codec_batches(configured: int | None, device: str) -> tuple[int, int]:
+    """(rows per codec call of continuing streams, rows per call of streams at their first
+    chunk): the configured ``codec_batch`` for both, else by device. A padded row is nearly
+    free on a GPU; on a CPU it costs compute, so first chunks decode alone (the time to first
+    audio stays that of one request) and later chunks in calls of 4, which on the benchmark's
+    CPU cost about as much per row as calls of 8 (benchmarks/codec_batching.py)."""
     import torch
 
+    if configured is not None:
+        return configured, configured
+    return (8, 8) if torch.device(device).type == "cuda" else (4, 1)
+
+
+def build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
     from mstar_qwen3tts.codec_node import CodecNode
     from mstar_qwen3tts.weights import load_codec
 
     cfg = typed(config)
-    batch = cfg.streaming.codec_batch
-    if batch is None:  # a padded batch is nearly free on a GPU, not on a CPU
-        batch = 8 if torch.device(device).type == "cuda" else 1
-    node = CodecNode(cfg.codec, stateful=cfg.streaming.stateful, batch=batch, left_context=cfg.streaming.left_context)
+    batch, first_batch = codec_batches(cfg.streaming.codec_batch, device)
+    node = CodecNode(
+        cfg.codec, stateful=cfg.streaming.stateful, batch=batch, left_context=cfg.streaming.left_context, first_batch=first_batch,
+    )
     if checkpoint_dir is not None:
         load_codec(node, checkpoint_dir)
     return node.to(device)

@@ -166,6 +166,7 @@ def mstar_model_spec() -> ModelSpec:
         # The encoders (Base only) sit with the talker: their walks are in its partition.
         default_placement={"talker": "0", "codec": "0", SPEAKER_ENCODER: "0", CODEC_ENCODER: "0"},
         example_requests=_example_requests,
+        engine_defaults={"overlap_nodes": True},  # the codec decodes beside the talker's next step
     )
 
 

@@ -121,7 +121,7 @@ class Engine:
         ckpt = checkpoint_dir(weights, revision) if weights is not None else random_weights_dir(loaded.spec.name, loaded)
         if random_weights:
             log.warning("model %s runs on RANDOM weights: its output is noise", loaded.spec.name)
-        config = EngineConfig(**engine_kwargs)
+        config = EngineConfig(**{**loaded.spec.engine_defaults, **engine_kwargs})  # the caller's options win
         return cls(build_core(loaded, ckpt, config), loaded, ckpt)
 
     @property

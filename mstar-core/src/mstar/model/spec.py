@@ -26,6 +26,8 @@ class ModelSpec:
     ``mstar check-plugin`` fails when one is missing. ``example_requests(config)`` returns
     requests (``Engine.add_request`` keyword dicts) that together run every walk once on
     the tiny config; the conformance kit runs them through the real engine.
+    ``engine_defaults`` are ``EngineConfig`` options the model runs best with (e.g.
+    ``{"overlap_nodes": True}`` for an LM and its codec); options the user sets win.
 
     ``name``, ``aliases`` and ``architectures`` are filled in at load time from the
     distribution's entry points (``mstar.models``, ``mstar.model_aliases``,
@@ -42,6 +44,7 @@ class ModelSpec:
     default_placement: Mapping[str, str] = field(default_factory=dict)
     shipped_files: tuple[Path, ...] = ()
     example_requests: Callable[[ModelConfig], list[dict[str, Any]]] | None = None
+    engine_defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 def lazy(target: str) -> Callable[..., Any]:

@@ -127,7 +127,8 @@ class EngineWorker:
 
             torch.set_num_threads(self.spec.torch_threads)
         loaded = load_model(self.spec.model)
-        config = EngineConfig(device=self.spec.device, nodes=tuple(self.spec.nodes), **self.spec.engine_options)
+        options = {**loaded.spec.engine_defaults, **self.spec.engine_options}  # the server's options win
+        config = EngineConfig(device=self.spec.device, nodes=tuple(self.spec.nodes), **options)
         ckpt = Path(self.spec.checkpoint_dir)
         t0 = time.perf_counter()
         engine = Engine(build_core(loaded, ckpt, config), loaded, ckpt)
