@@ -1,15 +1,16 @@
 """Sampler cost per decode step: the share of a batch-32 decode step spent sampling, at the
 Orpheus vocabulary (156,940), for greedy, top-k 50 and top-p 0.9, in one run.
 
-    .venv/bin/python benchmarks/sampler_cost.py [--batch 32 --layers 8 --hidden 512 --repeats 5]
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/sampler_cost.py [--batch 32 --layers 8 --hidden 512 --repeats 9]
 
 The decode step's model part is one forward of a random ``transformers`` Llama (8 layers,
 hidden 512, the Orpheus vocabulary) for one new token per row over a 64-token KV cache;
 the sampling part is ``mstar.sampling.CudaGraphableSampler.sample`` (the sampler the
 engine binds) on logits shaped like a language model's: an N(0, 2.5^2) background with
 eight tokens per row boosted by 12 to 24, so most rows put most of their mass on a few
-tokens and some spread it over thousands (the nucleus sizes are printed). Model and sampler calls are interleaved and medians reported, because the
-machine may be shared; the share is sampler / (model + sampler).
+tokens (the top-p 0.9 nucleus sizes are printed). Model and sampler calls are interleaved
+and medians reported, because the machine may be shared (the load average is printed
+before and after); the share is sampler / (model + sampler).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args()
     torch.manual_seed(0)
     sizes = nucleus_sizes(peaked_logits(args.batch, VOCAB), 0.9)
@@ -119,7 +120,17 @@ def main() -> None:
         f"torch threads {torch.get_num_threads()}; top-p 0.9 nucleus sizes: median "
         f"{sizes[len(sizes) // 2]}, max {sizes[-1]}"
     )
+    print(f"load average before: {load_average()}")
     report(measure(args.batch, args.layers, args.hidden, args.repeats))
+    print(f"load average after: {load_average()}")
+
+
+def load_average() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def test_every_growth_level_draws_the_same(monkeypatch, first):
     monkeypatch.setattr(draw, "_FIRST_WIDTH", 16 * first)
     monkeypatch.setattr(draw, "_GROWTH", 2)
     levels = list(draw._levels(20_011, 3))
-    assert {"groups", "top", "all"} == {kind for kind, _ in levels} and len(levels) >= 8
+    assert {"groups", "top", "all"} == {kind for kind, _ in levels} and len(levels) >= 7
     assert torch.equal(Sampler().sample(logits, st).tokens, default)
     assert check_against_reference(logits, rows, seeds, steps) >= 0.9 * len(rows)
 

@@ -252,10 +252,14 @@ def _levels(vocab: int, max_k: int) -> Iterator[tuple[str, int]]:
     hold the top k ids above their bound); ("top", n), the n largest logits of the row;
     ("all", vocab), the whole vocabulary."""
     num = max(_FIRST_GROUPS, max_k + 1)
-    while num * GROUP <= vocab // 32:
+    held = 0  # ids of the last group level
+    while num * GROUP <= vocab // 4:
         yield "groups", num
+        held = num * GROUP
         num *= _GROWTH
     width = max(_FIRST_WIDTH, max_k + 1)
+    while width <= held:  # a topk level no larger than the last group level adds nothing
+        width *= _GROWTH
     while width <= vocab // 2:
         yield "top", width
         width *= _GROWTH
@@ -289,18 +293,15 @@ def _greedy(groups: VocabGroups) -> Tensor:
 def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
     """Rows with top_k, top_p or min_p: grow the candidate set until it covers every row.
 
-    Rows with top_p and no top_k need the vocabulary's mass: on group levels it is bounded
-    from the group maxima, and summed in full only for rows whose cut those bounds leave
-    open, once they reach a later level.
+    Rows with top_p and no top_k need the vocabulary's mass: on the first level it is
+    bounded from the group maxima, and only the rows that level leaves open (bounds too
+    loose for their cut, or a nucleus beyond its candidates) sum it in full.
     """
     needs_mass = bool(((rows.top_k <= 0) & (rows.top_p < 1)).any())
     mass: _Mass | None = None
     tokens = torch.empty(groups.x.shape[0], dtype=torch.int64)
     todo = torch.arange(groups.x.shape[0])
-    levels = list(_levels(groups.x.shape[1], int(rows.top_k.max())))
-    i = 0
-    while i < len(levels):
-        kind, num = levels[i]
+    for kind, num in _levels(groups.x.shape[1], int(rows.top_k.max())):
         outside = None
         if kind == "groups" and mass is None and needs_mass:  # bounds for the mass
             top = groups.top_groups(num)
@@ -325,11 +326,8 @@ def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
         groups = VocabGroups(groups.x[left], groups.group_max[left], groups.row_max[left])
         mass = None if mass is None else mass.take(left)
         needs_mass = bool(((rows.top_k <= 0) & (rows.top_p < 1)).any())
-        if outside is not None and needs_mass:
-            # Bounds too loose for some row's cut: the same level again, with exact masses.
+        if outside is not None and needs_mass:  # the rows left sum their mass now
             mass = _Mass.exact(total_mass(groups.x, groups.row_max, rows.temperature, divide))
-        else:
-            i += 1
     raise AssertionError("the last level holds the whole vocabulary")
 
 
