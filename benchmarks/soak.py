@@ -5,14 +5,18 @@ request (models with speech), alternating where a model has both, each read to i
 checked for a clean end (``[DONE]`` / ``speech.audio.done`` / a complete body). Per minute it
 reports the requests finished, errors (any non-200, error event, cut stream or transport
 error), latency percentiles (p50/p90/p99 of the whole request) and the resident memory of
-every process of the server (the API process and its children).
+every process of the server (the API process and its children). At the end it judges each
+process's memory: flat when the highest RSS of the run's second half is at most
+``--flat-tolerance`` (default 10%) above the highest of its first half; a process that did not
+live through both halves (e.g. a restarted engine) is reported as such.
 
     # against a server it starts (random weights, loopback):
     python benchmarks/soak.py --model toy --clients 32 --minutes 10
     # against a running server:
     python benchmarks/soak.py --url http://127.0.0.1:8000 --server-pid PID --clients 32 --minutes 10
 
-``--json FILE`` writes the per-minute rows. Numbers on a shared machine are noisy.
+``--json FILE`` writes the per-minute rows and the verdicts. It exits 1 on any error or memory
+that is not flat. Numbers on a shared machine are noisy.
 """
 
 from __future__ import annotations
@@ -149,6 +153,24 @@ def start_server(model: str, extra: list[str], log: Path) -> tuple[subprocess.Po
     raise SystemExit(f"server not healthy after 600 s; see {log}")
 
 
+def memory_verdicts(rows: list[dict[str, Any]], tolerance: float) -> dict[str, dict[str, Any]]:
+    """Per process: the highest RSS of the first and second half of the minutes and whether
+    the second stays within ``tolerance`` (a fraction) of the first. Needs two minutes."""
+    half = len(rows) // 2
+    first, second = rows[:half], rows[half:]
+    names = {name for row in rows for name in row["rss_mib"]}
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(names):
+        a = [row["rss_mib"][name] for row in first if name in row["rss_mib"]]
+        b = [row["rss_mib"][name] for row in second if name in row["rss_mib"]]
+        if not a or not b:
+            out[name] = {"flat": None, "why": "not alive in both halves"}
+            continue
+        limit = max(a) * (1 + tolerance)
+        out[name] = {"flat": max(b) <= limit, "first_max_mib": max(a), "second_max_mib": max(b), "limit_mib": limit}
+    return out
+
+
 async def soak(url: str, pid: int, clients: int, minutes: int, voice: str) -> list[dict[str, Any]]:
     version = httpx.get(f"{url}/version", timeout=10).json()
     model = version["model"]
@@ -186,7 +208,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--minutes", type=int, default=10)
     ap.add_argument("--voice", default="alloy", help="speech voice (model-specific names, e.g. tara, ryan)")
-    ap.add_argument("--json", type=Path, help="write the per-minute rows here")
+    ap.add_argument("--json", type=Path, help="write the per-minute rows and the memory verdicts here")
+    ap.add_argument("--flat-tolerance", type=float, default=0.10,
+                    help="memory is flat when the second half's highest RSS is at most this fraction above the first half's")
     ap.add_argument("--server-log", type=Path, help="the started server's log (default: a file in the temp directory)")
     args = ap.parse_args()
     proc = None
@@ -205,11 +229,20 @@ def main() -> None:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+    verdicts = memory_verdicts(report, args.flat_tolerance) if len(report) >= 2 and pid else {}
+    for name, v in verdicts.items():
+        if v["flat"] is None:
+            print(f"memory {name}: {v['why']}")
+        else:
+            print(f"memory {name}: {'flat' if v['flat'] else 'NOT flat'} (max {v['first_max_mib']:.0f} MiB in the first half, "
+                  f"{v['second_max_mib']:.0f} MiB in the second; limit {v['limit_mib']:.0f} MiB)")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+        args.json.write_text(json.dumps({"minutes": report, "memory": verdicts}, indent=1))
     errors = sum(r["errors"] for r in report)
-    print(f"total: {sum(r['done'] for r in report)} requests, {errors} errors")
-    raise SystemExit(1 if errors else 0)
+    not_flat = [name for name, v in verdicts.items() if v["flat"] is False]
+    print(f"total: {sum(r['done'] for r in report)} requests, {errors} errors, memory "
+          + (f"NOT flat in {', '.join(not_flat)}" if not_flat else "flat" if verdicts else "not judged"))
+    raise SystemExit(1 if errors or not_flat else 0)
 
 
 if __name__ == "__main__":
