@@ -2,7 +2,7 @@
 features, and nodes ``speaker_encoder`` / ``codec_encoder`` compute its clone prompt in the
 engine, batched across requests. A seeded clone gives the same bytes alone and when its clip
 shares one encoder call (same length) or one engine forward (other lengths) with another
-request's clip; the engine-made prompt speaks exactly as the pool-made one (a saved voice)."""
+request's clip; a saved voice (its prompt made by the same nodes) speaks exactly as its clip inline."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ import pytest
 import soundfile as sf
 import torch
 from mstar.api.protocol import SpeechRequest
+from mstar.api.voices import SavedVoice
 from mstar_qwen3tts.adapter import Qwen3TTSApiAdapter
+from mstar_qwen3tts.clone_prompt import ClonePrompt
 from mstar_qwen3tts.config import load_config
 from mstar_qwen3tts.encoder_nodes import build_codec_encoder, build_speaker_encoder, run_by_length
 from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
@@ -39,12 +41,6 @@ def _wav(seconds: float, seed: int, rate: int = 24000) -> str:
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("qwen3tts-base-enc"), seed=5, kind="base",
                             overrides={"mstar_streaming": {"encoder_batch": BATCH}})
-
-
-@pytest.fixture(scope="module")
-def ckpt_cpu_default(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same checkpoint with the encoders' CPU default: calls of one row."""
-    return write_checkpoint(tmp_path_factory.mktemp("qwen3tts-base-enc1"), seed=5, kind="base")
 
 
 @pytest.fixture(scope="module")
@@ -82,28 +78,36 @@ def test_seeded_clones_equal_alone_and_in_one_encoder_forward(engines, ckpt: Pat
     assert len(set(alone)) == 3 and all(alone)  # three clips, three voices
 
 
-def test_engine_made_prompt_speaks_as_the_pool_made_one(engines, ckpt_cpu_default: Path, adapter: Qwen3TTSApiAdapter) -> None:
-    """Inline ``ref_audio`` (encoded by the nodes) == the same clip's saved voice (encoded
-    in the pool when it was made): the same bytes and talker logits, in both clone modes,
-    when the nodes' calls have one row as the pool's (the CPU default; calls of more rows
-    differ in the last bits)."""
-    engine = engines(ckpt_cpu_default)
-    assert engine.core.nodes["speaker_encoder"].submodule.batch == 1
+def made_voice(engine: Any, voice: Any, others: list[dict[str, Any]] = ()) -> SavedVoice:  # type: ignore[assignment]
+    """A voice's engine request (``EngineVoice``) run as the server runs it (beside
+    ``others``), its outputs joined to the pool's tensors."""
+    result = engine.run_batch([{"inputs": voice.inputs, "kwargs": voice.kwargs}, *others])[0]
+    assert result.error is None, result.error
+    assert set(result.signals) == set(voice.outputs) and all(len(v) == 1 for v in result.signals.values())
+    return SavedVoice("v", {**voice.tensors, **{k: v[0] for k, v in result.signals.items()}})
+
+
+@pytest.mark.parametrize("ref_text", ["the reference words", None])
+def test_a_saved_voice_speaks_as_its_clip_inline(engines, ckpt: Path, adapter: Qwen3TTSApiAdapter, ref_text: str | None) -> None:
+    """A saved voice (its clone prompt made by the encoder nodes in a request of its own,
+    here beside another clone) == the same clip inline: the same bytes and talker logits."""
+    engine = engines(ckpt)
     clip = _wav(0.5, 4)
-    for ref_text in ("the reference words", None):
-        inline = _request(adapter, "Spoken twice.", clip, ref_text)
-        fields = {"ref_text": ref_text} if ref_text else {"x_vector_only_mode": True}
-        voice = adapter.session_voice(SpeechRequest.model_validate({"model": "m", "input": "x", "ref_audio": clip, **fields}))
-        assert voice is not None and set(voice.fields) == {"ref_audio", "ref_text", "x_vector_only_mode"}
-        saved = adapter.speech_inputs_with_voice(SpeechRequest.model_validate({"model": "m", "input": "Spoken twice."}), voice.voice)
-        assert "ref_mel" in inline["inputs"] and "ref_mel" not in saved.inputs
-        # The talker's logits too: audio depends on the drawn codes only, which a small
-        # difference in the prompt may leave unchanged.
-        logits = {"return_logits": True}
-        results = [engine.run_batch([r])[0] for r in ({**inline, "kwargs": {**inline["kwargs"], **logits}},
-                                                        {"inputs": saved.inputs, "kwargs": logits, "sampling": SEEDED})]
-        assert _audio_bytes(results[0]) == _audio_bytes(results[1])
-        assert torch.equal(results[0].cat("logits"), results[1].cat("logits"))
+    fields = {"ref_text": ref_text} if ref_text else {"x_vector_only_mode": True}
+    voice = adapter.session_voice(SpeechRequest.model_validate({"model": "m", "input": "x", "ref_audio": clip, **fields}))
+    assert voice is not None and set(voice.fields) == {"ref_audio", "ref_text", "x_vector_only_mode"}
+    made = made_voice(engine, voice.voice, [_request(adapter, "Beside it.", _wav(0.5, 6), "other words")])
+    assert ClonePrompt.from_tensors(made.tensors).x_vector_only_mode == (ref_text is None)
+    saved = adapter.speech_inputs_with_voice(SpeechRequest.model_validate({"model": "m", "input": "Spoken twice."}), made)
+    inline = _request(adapter, "Spoken twice.", clip, ref_text)
+    assert "ref_mel" in inline["inputs"] and "ref_mel" not in saved.inputs
+    # The talker's logits too: audio depends on the drawn codes only, which a small
+    # difference in the prompt may leave unchanged.
+    logits = {"return_logits": True}
+    results = [engine.run_batch([r])[0] for r in ({**inline, "kwargs": {**inline["kwargs"], **logits}},
+                                                    {"inputs": saved.inputs, "kwargs": logits, "sampling": SEEDED})]
+    assert _audio_bytes(results[0]) == _audio_bytes(results[1])
+    assert torch.equal(results[0].cat("logits"), results[1].cat("logits"))
 
 
 def test_a_row_alone_equals_the_row_in_a_full_call(ckpt: Path) -> None:

@@ -14,7 +14,7 @@ import soundfile as sf
 import torch
 from mstar.api import ApiError
 from mstar.api.protocol import SpeechRequest
-from mstar.api.voices import SavedVoice, VoiceUpload
+from mstar.api.voices import EngineVoice, SavedVoice, VoiceUpload
 from mstar_qwen3tts.adapter import Qwen3TTSApiAdapter
 from mstar_qwen3tts.config import load_config
 from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
@@ -42,6 +42,16 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def made(base: Qwen3TTSApiAdapter, upload: VoiceUpload) -> dict[str, torch.Tensor]:
+    """The voice's tensors: the engine request ``voice_tensors`` returns, its outputs made by
+    the encoder nodes' encoders (as the engines would), joined to what the pool computed."""
+    voice = base.voice_tensors(upload.decode())
+    assert isinstance(voice, EngineVoice) and voice.kwargs["encode_only"] is True
+    assert base.checkpoint_dir is not None
+    encoded = encoded_inputs(base.checkpoint_dir, voice.inputs)
+    return {**voice.tensors, **{name: encoded[name] for name in voice.outputs}}
+
+
 @pytest.mark.parametrize(("transcript", "options", "inline"), [
     ("Hello there.", {}, {"ref_text": "Hello there."}),  # in-context: codes + transcript
     (None, {}, {"x_vector_only_mode": True}),  # no transcript: speaker embedding only
@@ -49,7 +59,7 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 ])
 def test_saved_voice_equals_inline_reference(base: Qwen3TTSApiAdapter, transcript: str | None, options: dict, inline: dict) -> None:
     wav = clip_wav()
-    tensors = base.voice_tensors(VoiceUpload(wav, transcript, 30.0, options).decode())
+    tensors = made(base, VoiceUpload(wav, transcript, 30.0, options))
     assert set(tensors) == {"speaker_embed", "ref_codes", "ref_text_ids"}
     assert (tensors["ref_codes"].shape[0] > 0) == ("ref_text" in inline)
     saved = base.speech_inputs_with_voice(speech(voice="v"), SavedVoice("v", tensors, transcript)).inputs
@@ -57,7 +67,7 @@ def test_saved_voice_equals_inline_reference(base: Qwen3TTSApiAdapter, transcrip
     assert base.checkpoint_dir is not None
     inline_inputs = base.speech_inputs(speech(ref_audio=base64.b64encode(wav).decode(), **inline)).inputs
     assert same(saved, encoded_inputs(base.checkpoint_dir, inline_inputs))
-    other = base.voice_tensors(VoiceUpload(clip_wav(seconds=0.7), transcript, 30.0, options).decode())
+    other = made(base, VoiceUpload(clip_wav(seconds=0.7), transcript, 30.0, options))
     assert not torch.equal(other["speaker_embed"], tensors["speaker_embed"])  # the clip matters
 
 
@@ -78,7 +88,7 @@ def test_bad_uploads_name_the_field(base: Qwen3TTSApiAdapter, transcript: str | 
 
 
 def test_a_saved_voice_with_an_inline_reference_is_a_400(base: Qwen3TTSApiAdapter) -> None:
-    tensors = base.voice_tensors(VoiceUpload(clip_wav(), None, 30.0).decode())
+    tensors = made(base, VoiceUpload(clip_wav(), None, 30.0))
     with pytest.raises(ApiError) as err:
         base.speech_inputs_with_voice(speech(voice="v", ref_audio="AAAA"), SavedVoice("v", tensors))
     assert err.value.param == "ref_audio"

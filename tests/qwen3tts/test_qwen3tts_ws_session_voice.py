@@ -1,7 +1,8 @@
 """WS speech with a Base checkpoint, in process (the real session and adapter, a recording
-router instead of engines): a session whose settings carry ``ref_audio`` encodes the clip
-once, and every sentence goes to the engines with the computed clone prompt (no clip
-features, no encoder walks), so the encoders run once per session, not once per sentence.
+router instead of engines, answering a voice request with the encoders' outputs): a session
+whose settings carry ``ref_audio`` encodes the clip once (one encode-only engine request),
+and every sentence goes to the engines with the computed clone prompt (no clip features, no
+encoder walks), so the encoders run once per session, not once per sentence.
 ``tests/e2e/test_qwen3tts_voices.py`` checks the audio against /v1/audio/speech."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
@@ -25,6 +27,7 @@ from mstar_qwen3tts.adapter import Qwen3TTSApiAdapter
 from mstar_qwen3tts.config import load_config
 from mstar_qwen3tts.plugin import mstar_node_samplers
 from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
+from qwen3tts_helpers import encoded_inputs
 
 
 class NoHook:
@@ -35,13 +38,19 @@ class NoHook:
 class RecordingRouter:
     """Answers every request with a few samples of audio; keeps what was submitted."""
 
-    def __init__(self) -> None:
+    def __init__(self, ckpt: Path) -> None:
+        self.ckpt = ckpt
         self.submitted: list[tuple[dict[str, torch.Tensor], dict[str, Any]]] = []
 
     def submit(self, request_id: str, inputs: dict, configs: Any, kwargs: dict, signals: Any) -> RequestStream:
         self.submitted.append((inputs, kwargs))
         stream = RequestStream(request_id, {"0"})
-        stream.put("audio", torch.full((240,), 0.1))
+        if kwargs.get("encode_only"):  # making a voice: what the encoder nodes would send
+            encoded = encoded_inputs(self.ckpt, inputs)
+            for name in signals:
+                stream.put(name, encoded[name])
+        else:
+            stream.put("audio", torch.full((240,), 0.1))
         stream.finish(Finished("stop"))
         return stream
 
@@ -53,13 +62,13 @@ class RecordingRouter:
 
 
 class Counting(Qwen3TTSApiAdapter):
-    """Counts the clips encoded in the API process (the pool's share of a clone)."""
+    """Counts the clips prepared in the API process (the pool's share of a clone: features)."""
 
     encoded = 0
 
-    def clone_prompt(self, *args: Any, **kwargs: Any) -> Any:
+    def _clip_features(self, *args: Any, **kwargs: Any) -> Any:
         Counting.encoded += 1
-        return super().clone_prompt(*args, **kwargs)
+        return super()._clip_features(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +88,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     metrics = SimpleNamespace(finished=ignore, rtf=ignore, ttfa=ignore, itl=ignore, ttft=ignore, tokens=ignore)
     return SimpleNamespace(
         model_name="qwen3tts", adapter=adapter, config=SimpleNamespace(api_key=None, request_timeout_s=None),
-        preprocess=PreprocessPool("qwen3tts", ckpt, adapter, NoHook(), 0), router=RecordingRouter(),
+        preprocess=PreprocessPool("qwen3tts", ckpt, adapter, NoHook(), 0), router=RecordingRouter(ckpt),
         node_samplers=MappingProxyType(mstar_node_samplers(config)), admission=Admission(), metrics=metrics,
         draining=False, healthy=True, served_names=lambda: {"qwen3tts"}, check_model=lambda name: None, voices=None,
     )
@@ -118,9 +127,10 @@ def test_a_session_encodes_its_clip_once(runtime: SimpleNamespace, fields: dict[
     events = session(runtime, {"ref_audio": clip(), "seed": 3, **fields}, "One sentence. A second one. And a third.")
     assert [e["type"] for e in events if e["type"] in ("start", "error")] == ["start"] * 3, events
     assert Counting.encoded == 1
-    assert len(runtime.router.submitted) == 3
-    first = runtime.router.submitted[0][0]
-    for inputs, kwargs in runtime.router.submitted:
+    # One request makes the voice on the encoder nodes, then one per sentence speaks it.
+    assert [kwargs.get("encode_only", False) for _, kwargs in runtime.router.submitted] == [True, False, False, False]
+    first = runtime.router.submitted[1][0]
+    for inputs, kwargs in runtime.router.submitted[1:]:
         assert "clone_encode" not in kwargs and not {"ref_mel", "ref_wave"} & inputs.keys()  # no encoder walks
         assert torch.equal(inputs["speaker_embed"], first["speaker_embed"]) and torch.equal(inputs["ref_codes"], first["ref_codes"])
     assert (first["ref_codes"].shape[0] == 0) == ("x_vector_only_mode" in fields)

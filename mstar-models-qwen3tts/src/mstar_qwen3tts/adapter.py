@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from mstar.api import SPEECH, ApiAdapter, ApiError, EngineRequest, Voice
 from mstar.api.protocol import SpeechRequest
-from mstar.api.voices import SavedVoice, SessionVoice
+from mstar.api.voices import EngineVoice, SessionVoice
 
 from mstar_qwen3tts.clone_prompt import CloneError, ClonePrompt, read_audio
 from mstar_qwen3tts.config import BASE, CUSTOM_VOICE, VOICE_DESIGN, Qwen3TTSConfig
@@ -60,12 +60,11 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
         self.sample_rate = self.cfg.codec.sample_rate
         self.checkpoint_dir = checkpoint_dir
         self._tokenizer: Any = None
-        self._clone_encoder: Any = None
         self.creates_voices = self.cfg.tts_model_type == BASE  # saved voices: mstar_qwen3tts.saved_voices
 
     def __getstate__(self) -> dict[str, Any]:
-        # The preprocess pool pickles the adapter; each worker loads its own tokenizer and encoders.
-        return {**self.__dict__, "_tokenizer": None, "_clone_encoder": None}
+        # The preprocess pool pickles the adapter; each worker loads its own tokenizer.
+        return {**self.__dict__, "_tokenizer": None}
 
     def tokenize(self, text: str) -> list[int]:
         if self._tokenizer is None:
@@ -78,26 +77,44 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
 
         return encode(self._tokenizer, text)
 
-    def clone_encoder(self) -> Any:
-        """The Base checkpoint's clone-prompt encoders, loaded once per process (CPU: they run
-        once per reference clip, in the preprocess pool)."""
-        if self._clone_encoder is None:
-            from mstar_qwen3tts.clone_prompt import CloneEncoder
+    def clone_voice(self, wave: Any, sample_rate: int, ref_text: str | None, x_vector_only_mode: bool) -> EngineVoice:
+        """A reference clip (float32 mono numpy at ``sample_rate``) → the engine request that
+        computes its clone prompt (what a saved voice stores: ``ClonePrompt.tensors()``) on
+        the encoder nodes; bad input is a 400 naming the field."""
+        from mstar_qwen3tts.plugin import ENCODE_ONLY
 
-            if self.checkpoint_dir is None:
-                raise ApiError(500, "the qwen3tts adapter has no checkpoint directory to read its speaker encoder from")
-            self._clone_encoder = CloneEncoder.from_checkpoint(self.checkpoint_dir)
-        return self._clone_encoder
-
-    def clone_prompt(self, wave: Any, sample_rate: int, ref_text: str | None, x_vector_only_mode: bool) -> ClonePrompt:
-        """A reference clip (float32 mono numpy at ``sample_rate``) → its clone prompt (what a
-        saved voice stores); bad input is a 400 naming the field."""
         if self.cfg.tts_model_type != BASE:
             raise ApiError(400, f"voice cloning needs a Base checkpoint; this one is {self.cfg.tts_model_type}", param="ref_audio")
+        feats, ref_ids, _, clip_inputs, kwargs = self._clip_features(wave, sample_rate, ref_text, x_vector_only_mode)
+        empty = torch.zeros(0, dtype=torch.long)  # no prompt: the talker does not run
+        inputs = {"text_ids": empty, "codec_ids": empty, "trailing_ids": empty, **clip_inputs}
+        tensors = {"ref_text_ids": torch.tensor(ref_ids, dtype=torch.long)}
+        if feats.wave is None:
+            tensors["ref_codes"] = inputs.pop("ref_codes")
+        outputs = ("speaker_embed",) if feats.wave is None else ("speaker_embed", "ref_codes")
+        return EngineVoice(inputs, {**kwargs, ENCODE_ONLY: True}, outputs, tensors)
+
+    def _clip_features(self, wave: Any, rate: int, ref_text: str | None, xvec: bool) -> tuple[Any, list[int], int, dict, dict]:
+        """(features, transcript ids, reference frames, the clip's engine inputs, kwargs)."""
+        from mstar_qwen3tts.clone_loading import codec_encoder_rates, reference_frames
+        from mstar_qwen3tts.clone_prompt import reference_features, transcript_ids
+        from mstar_qwen3tts.encoder_nodes import REF_MEL, REF_WAVE
+        from mstar_qwen3tts.plugin import CLONE_ENCODE, IN_CONTEXT, X_VECTOR_ONLY
+
+        codec_rate, _ = codec_encoder_rates(self.config)
         try:
-            return self.clone_encoder().encode(wave, sample_rate, ref_text, x_vector_only_mode)
+            feats = reference_features(wave, rate, self.cfg.speaker_encoder.sample_rate, codec_rate, ref_text, xvec)
+            ref_ids = [] if xvec else transcript_ids(self.tokenize, ref_text or "")
         except CloneError as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
+        inputs: dict[str, torch.Tensor] = {REF_MEL: feats.mel}
+        if feats.wave is None:
+            frames = 0
+            inputs["ref_codes"] = torch.zeros(0, self.cfg.talker.num_code_groups, dtype=torch.long)
+        else:
+            frames = reference_frames(self.config, feats.wave.numel())
+            inputs[REF_WAVE] = feats.wave
+        return feats, ref_ids, frames, inputs, {CLONE_ENCODE: X_VECTOR_ONLY if xvec else IN_CONTEXT}
 
     def speech_inputs_for_clone(self, request: SpeechRequest, clone: ClonePrompt) -> EngineRequest:
         """A speech request spoken in a cloned voice (Base checkpoints)."""
@@ -149,41 +166,23 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
         return wave, rate, ref_text, xvec
 
     def session_voice(self, request: SpeechRequest) -> SessionVoice | None:
-        """A speech session's inline clip as a voice, made once (in the pool, as a saved
-        voice is) for all the session's sentences; None without ``ref_audio``."""
+        """A speech session's inline clip as a voice, made once (on the encoder nodes, as a
+        saved voice is) for all the session's sentences; None without ``ref_audio``."""
         if self.cfg.tts_model_type != BASE or not (request.model_extra or {}).get("ref_audio"):
             return None
-        prompt = self.clone_prompt(*self._clip_from_request(request))
-        return SessionVoice(SavedVoice("session", prompt.tensors()), CLONE_FIELDS)
+        return SessionVoice(self.clone_voice(*self._clip_from_request(request)), CLONE_FIELDS)
 
     def _encoded_clone_request(self, request: SpeechRequest) -> EngineRequest:
         """A request with its clip inline: the pool resamples it and computes its log-mel
         features; the engine's encoder nodes compute the clone prompt (batched with other
         requests' clips) before the talker's prefill."""
-        from mstar_qwen3tts.clone_loading import codec_encoder_rates, reference_frames
-        from mstar_qwen3tts.clone_prompt import reference_features, transcript_ids
-        from mstar_qwen3tts.encoder_nodes import REF_MEL, REF_WAVE
-        from mstar_qwen3tts.plugin import CLONE_ENCODE, IN_CONTEXT, X_VECTOR_ONLY
-
         language, layout = self._common_fields(request)
-        wave, rate, ref_text, xvec = self._clip_from_request(request)
-        codec_rate, _ = codec_encoder_rates(self.config)
-        try:
-            feats = reference_features(wave, rate, self.cfg.speaker_encoder.sample_rate, codec_rate, ref_text, xvec)
-            ref_ids = [] if xvec else transcript_ids(self.tokenize, ref_text or "")
-        except CloneError as exc:
-            raise ApiError(400, str(exc), param=exc.param) from None
-        frames = 0 if feats.wave is None else reference_frames(self.config, feats.wave.numel())
+        _, ref_ids, frames, clip_inputs, kwargs = self._clip_features(*self._clip_from_request(request))
         try:
             prompt = clone_prompt_layout(self.cfg, self.tokenize(assistant_text(request.input)), frames, ref_ids, language, layout)
         except PromptError as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
-        inputs = {**prompt.inputs(), REF_MEL: feats.mel}
-        if feats.wave is None:
-            inputs["ref_codes"] = torch.zeros(0, self.cfg.talker.num_code_groups, dtype=torch.long)
-        else:
-            inputs[REF_WAVE] = feats.wave
-        return EngineRequest(inputs, {CLONE_ENCODE: X_VECTOR_ONLY if xvec else IN_CONTEXT}, prompt_tokens=len(prompt.text_ids))
+        return EngineRequest({**prompt.inputs(), **clip_inputs}, kwargs, prompt_tokens=len(prompt.text_ids))
 
     def voices(self) -> list[Voice]:
         """The checkpoint's speakers (``spk_id``), each with the languages a request may name;

@@ -37,6 +37,8 @@ CLONE_INPUTS = ("speaker_embed", "ref_codes")
 # Request kwarg of a Base request carrying its clip's features (``ref_mel``, ``ref_wave``):
 # which encoder walks run before the prefill.
 CLONE_ENCODE, X_VECTOR_ONLY, IN_CONTEXT = "clone_encode", "x_vector_only", "in_context"
+# Request kwarg: run only the encoder walks (making a voice: the outputs go to the client).
+ENCODE_ONLY = "encode_only"
 TALKER, AUDIO = "talker", "audio"  # partitions
 SPEAKER_ENCODER, CODEC_ENCODER = "speaker_encoder", "codec_encoder"  # nodes (mstar_qwen3tts.encoder_nodes)
 ENCODE_SPEAKER, ENCODE_REFERENCE = "encode_speaker", "encode_reference"  # their walks
@@ -46,19 +48,23 @@ ENCODE_SPEAKER, ENCODE_REFERENCE = "encode_speaker", "encode_reference"  # their
 class CloneWalks:
     """Base checkpoints: partition ``talker`` runs the encoder walks kwarg ``clone_encode``
     asks for (none: the request brings ``speaker_embed`` and ``ref_codes``), then prefill
-    and decode; partition ``audio`` runs vocode."""
+    and decode; partition ``audio`` runs vocode. With kwarg ``encode_only`` only the encoder
+    walks run (a saved voice's clone prompt)."""
 
     def order(self, partition: str, request_kwargs: Mapping) -> tuple[str, ...]:
-        if partition == AUDIO:
-            return (VOCODE,)
         encode = {None: (), X_VECTOR_ONLY: (ENCODE_SPEAKER,), IN_CONTEXT: (ENCODE_SPEAKER, ENCODE_REFERENCE)}
         mode = request_kwargs.get(CLONE_ENCODE)
         if mode not in encode:
             raise ValueError(f"kwarg {CLONE_ENCODE!r} must be {X_VECTOR_ONLY!r} or {IN_CONTEXT!r}, got {mode!r}")
-        return (*encode[mode], PREFILL, DECODE)
+        if request_kwargs.get(ENCODE_ONLY):
+            if mode is None:
+                raise ValueError(f"kwarg {ENCODE_ONLY!r} needs {CLONE_ENCODE!r}")
+            return () if partition == AUDIO else encode[mode]
+        return (VOCODE,) if partition == AUDIO else (*encode[mode], PREFILL, DECODE)
 
     def first_walk(self, partition: str, request_kwargs: Mapping) -> str | None:
-        return self.order(partition, request_kwargs)[0]
+        order = self.order(partition, request_kwargs)
+        return order[0] if order else None
 
     def next_walk(self, partition: str, finished_walk: str, request_kwargs: Mapping) -> str | None:
         order = self.order(partition, request_kwargs)
@@ -96,8 +102,8 @@ def _add_clone_encoders(graph: GraphSpec) -> None:
     them or runs the walks that make them first (a missing one fails the prefill, naming it)."""
     for node in (SPEAKER_ENCODER, CODEC_ENCODER):
         graph.nodes[node] = NodeSpec(node, EngineKind.STATELESS)
-    for name in CLONE_INPUTS:
-        graph.signals[name] = Signal(name, persist=True)
+    for name in CLONE_INPUTS:  # to the client only when asked for (making a voice)
+        graph.signals[name] = Signal(name, to_client=True, persist=True)
     # Like Qwen3-Omni's encoders: the clip's features are optional request inputs, which a
     # graph cannot declare, so a step waits on the prompt (always there) and reads them.
     graph.walks[ENCODE_SPEAKER] = Walk(ENCODE_SPEAKER, TALKER, Step(SPEAKER_ENCODER, ("text_ids",), ("speaker_embed",)))

@@ -1,5 +1,6 @@
 """Saved voices of Base (voice clone) checkpoints: ``POST /v1/audio/voices`` stores a clip's
-clone prompt (``ClonePrompt.tensors()``: ``speaker_embed``, ``ref_codes``, ``ref_text_ids``)
+clone prompt (``ClonePrompt.tensors()``: ``speaker_embed``, ``ref_codes``, ``ref_text_ids``),
+computed by the engine's encoder nodes (``voice_tensors`` returns that engine request),
 and a speech request naming the voice is spoken from it, as if the clip were sent inline as
 ``ref_audio`` (+ ``ref_text``).
 
@@ -12,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from mstar.api import ApiError, EngineRequest
 from mstar.api.protocol import SpeechRequest
-from mstar.api.voices import SavedVoice, VoiceSample
+from mstar.api.voices import EngineVoice, SavedVoice, VoiceSample
 
 from mstar_qwen3tts.clone_prompt import ClonePrompt
 
@@ -37,18 +37,17 @@ class SavedVoices:
     """The ``ApiAdapter`` saved-voice methods of ``Qwen3TTSApiAdapter`` (which provides
     ``clone_prompt`` and ``speech_inputs_for_clone``)."""
 
-    def voice_tensors(self, sample: VoiceSample) -> dict[str, torch.Tensor]:
+    def voice_tensors(self, sample: VoiceSample) -> EngineVoice:
         unknown = sorted(set(sample.options) - set(OPTIONS))
         if unknown:
             raise ApiError(400, f"{unknown[0]}: not an option of qwen3tts voices (options: {', '.join(OPTIONS)})", param=unknown[0])
         xvec = sample.options.get("x_vector_only_mode")
         x_vector_only = sample.transcript is None if xvec is None else _flag(xvec, "x_vector_only_mode")
         try:
-            prompt = self.clone_prompt(sample.audio, sample.sample_rate, sample.transcript, x_vector_only)  # type: ignore[attr-defined]
+            return self.clone_voice(sample.audio, sample.sample_rate, sample.transcript, x_vector_only)  # type: ignore[attr-defined]
         except ApiError as exc:
             param = _UPLOAD_FIELD.get(exc.param or "", exc.param)
             raise ApiError(exc.status, exc.message, param=param, code=exc.code) from None
-        return prompt.tensors()
 
     def speech_inputs_with_voice(self, request: SpeechRequest, voice: SavedVoice) -> EngineRequest:
         extra = request.model_extra or {}

@@ -52,7 +52,7 @@ from mstar.api.protocol import (
     SpeechRequest,
 )
 from mstar.api.tensors import tensor_from_json
-from mstar.api.voices import SavedVoice, SessionVoice, VoiceSample
+from mstar.api.voices import EngineVoice, SavedVoice, SessionVoice, VoiceSample
 
 CHAT, SPEECH, GENERATE, COMPLETIONS = "chat", "speech", "generate", "completions"
 VOICE = "voice"  # making a saved voice (POST /v1/audio/voices; preprocess pool only)
@@ -149,12 +149,13 @@ class ApiAdapter:
     def speech_inputs(self, request: SpeechRequest) -> EngineRequest:
         raise NotImplementedError
 
-    def voice_tensors(self, sample: VoiceSample) -> dict[str, torch.Tensor]:
+    def voice_tensors(self, sample: VoiceSample) -> dict[str, torch.Tensor] | EngineVoice:
         """A reference clip (+ transcript, + the upload's model-specific ``options``) → the
         tensors a saved voice stores (e.g. a speaker embedding and the clip's codes), computed
         once when the voice is made. Runs in the preprocess pool: load what it needs there
-        (once per worker), never on the API process's event loop. Errors as in
-        ``speech_inputs`` (``ApiError``, or ``ValueError`` for a 400)."""
+        (once per worker), never on the API process's event loop; or return an
+        ``EngineVoice``: the engine request that computes them (e.g. on the model's encoder
+        nodes). Errors as in ``speech_inputs`` (``ApiError``, or ``ValueError`` for a 400)."""
         raise NotImplementedError
 
     def speech_inputs_with_voice(self, request: SpeechRequest, voice: SavedVoice) -> EngineRequest:

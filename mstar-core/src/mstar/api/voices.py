@@ -76,11 +76,24 @@ class SavedVoice:
 
 
 @dataclass(frozen=True)
+class EngineVoice:
+    """A voice whose tensors the engines compute (e.g. a model's encoder nodes): what
+    ``ApiAdapter.voice_tensors`` / ``session_voice`` may return instead of the tensors. The
+    server runs one engine request (``inputs``, ``kwargs``) and stores, beside ``tensors``
+    (computed in the pool), the one value of each output signal in ``outputs``."""
+
+    inputs: dict[str, torch.Tensor]
+    kwargs: dict[str, Any]
+    outputs: tuple[str, ...]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class SessionVoice:
     """A voice a speech session's settings carry inline (e.g. a reference clip), made once
     for the session by ``ApiAdapter.session_voice``: each of its sentences is spoken with
-    ``voice`` (through ``speech_inputs_with_voice``), its settings without ``fields`` (those
-    that made the voice)."""
+    ``voice`` (through ``speech_inputs_with_voice``; an ``EngineVoice`` is computed by the
+    engines first), its settings without ``fields`` (those that made the voice)."""
 
-    voice: SavedVoice
+    voice: SavedVoice | EngineVoice
     fields: tuple[str, ...] = ()

@@ -59,15 +59,18 @@ class Execution:
         return self.seeds.get(node) if node else None
 
     async def start(self, request: Any, sampling: RequestSampling | dict[str, Any] | None, signals: list[str] | None,
-                    voice: SavedVoice | None = None) -> None:
+                    voice: SavedVoice | None = None, prepared: EngineRequest | None = None) -> None:
         """Everything up to the request running in the engines; raises ``ApiError``.
-        ``voice``: the voice to speak with (default: the saved voice the request names)."""
+        ``voice``: the voice to speak with (default: the saved voice the request names);
+        ``prepared``: engine inputs made already (no preprocessing of ``request``)."""
         try:
             configs, self.seeds = resolve_sampling(self.rt.node_samplers, self.rt.adapter.sampling_node, sampling)
             await self.rt.admission.acquire()
             self._admitted = True
-            voice = voice or saved_voice(self.rt, self.endpoint, request)
-            self.engine_request = await self.rt.preprocess.run(self.endpoint, request, self.request_id, voice)
+            if prepared is None:
+                voice = voice or saved_voice(self.rt, self.endpoint, request)
+                prepared = await self.rt.preprocess.run(self.endpoint, request, self.request_id, voice)
+            self.engine_request = prepared
             inputs = self.engine_request.inputs
             check_prompt_ids(inputs, self.rt.node_samplers)
             if self._closed:  # the client left while we were preparing

@@ -17,7 +17,7 @@ from typing import Any
 
 from mstar.api.adapter import CHAT, COMPLETIONS, GENERATE, SPEECH, VOICE, ApiAdapter, EngineRequest
 from mstar.api.errors import ApiError
-from mstar.api.voices import SavedVoice, SessionVoice
+from mstar.api.voices import EngineVoice, SavedVoice, SessionVoice
 
 SESSION_VOICE = "session_voice"  # a speech session's inline voice (ApiAdapter.session_voice)
 
@@ -50,18 +50,38 @@ def _ping() -> bool:
 def _adapter_call(adapter: ApiAdapter, endpoint: str, request: Any, voice: SavedVoice | None) -> EngineRequest:
     if endpoint == VOICE:  # a VoiceUpload: decoded here, off the API's event loop
         sample = request.decode()
-        return EngineRequest(adapter.voice_tensors(sample), {"sample_rate": sample.sample_rate, "duration_s": sample.duration_s})
-    if endpoint == SESSION_VOICE:  # the voice as tensors, its name and fields as kwargs
+        out = _voice_request(adapter.voice_tensors(sample))
+        out.kwargs |= {"sample_rate": sample.sample_rate, "duration_s": sample.duration_s}
+        return out
+    if endpoint == SESSION_VOICE:  # the voice as tensors (or its engine request), its fields as kwargs
         made = adapter.session_voice(request)
         if made is None:
             return EngineRequest({})
-        return EngineRequest(dict(made.voice.tensors), {"name": made.voice.name, "transcript": made.voice.transcript,
-                                                         "fields": list(made.fields)})
+        voice = made.voice
+        out = _voice_request(voice if isinstance(voice, EngineVoice) else voice.tensors)
+        out.kwargs |= {"fields": list(made.fields), "transcript": getattr(voice, "transcript", None)}
+        return out
     if voice is not None:  # a speech (or spoken chat) request naming a saved voice
         if endpoint == CHAT:
             return adapter.chat_inputs_with_voice(request, voice)
         return adapter.speech_inputs_with_voice(request, voice)
     return getattr(adapter, _METHODS[endpoint])(request)
+
+
+def _voice_request(made: dict[str, Any] | EngineVoice) -> EngineRequest:
+    """A voice's tensors as inputs; an ``EngineVoice``'s engine inputs as inputs and the rest
+    under kwarg ``engine_voice`` (undone by ``voice_from_request``)."""
+    if not isinstance(made, EngineVoice):
+        return EngineRequest(dict(made))
+    rest = {"kwargs": made.kwargs, "outputs": list(made.outputs), "tensors": dict(made.tensors)}
+    return EngineRequest(dict(made.inputs), {"engine_voice": rest})
+
+
+def voice_from_request(out: EngineRequest) -> dict[str, Any] | EngineVoice:
+    rest = out.kwargs.get("engine_voice")
+    if rest is None:
+        return dict(out.inputs)
+    return EngineVoice(dict(out.inputs), dict(rest["kwargs"]), tuple(rest["outputs"]), dict(rest["tensors"]))
 
 
 def _run_in_worker(endpoint: str, request: Any, voice: SavedVoice | None = None) -> EngineRequest:
@@ -130,12 +150,13 @@ class PreprocessPool:
             raise ApiError(500, f"preprocessing failed with an internal error; the server log has the details under request id {request_id}", code="preprocess_error") from None
 
     async def session_voice(self, request: Any, request_id: str = "") -> SessionVoice | None:
-        """``ApiAdapter.session_voice`` of a speech session's settings, in the pool; errors
-        as in ``run``."""
+        """``ApiAdapter.session_voice`` of a speech session's settings, in the pool (an
+        ``EngineVoice`` stays to be run); errors as in ``run``."""
         out = await self.run(SESSION_VOICE, request, request_id)
-        if "name" not in out.kwargs:
+        if "fields" not in out.kwargs:
             return None
-        voice = SavedVoice(out.kwargs["name"], dict(out.inputs), out.kwargs["transcript"])
+        made = voice_from_request(out)
+        voice = made if isinstance(made, EngineVoice) else SavedVoice("session", made, out.kwargs["transcript"])
         return SessionVoice(voice, tuple(out.kwargs["fields"]))
 
     async def _in_pool(self, endpoint: str, request: Any, request_id: str, voice: SavedVoice | None) -> EngineRequest:

@@ -2,8 +2,8 @@
 a reference clip (``POST``), remove one (``DELETE /v1/audio/voices/{name}``).
 
 Making a voice runs the adapter's ``voice_tensors`` once, in the preprocess pool (the clip
-is decoded there too), and stores the result in the model's ``VoiceLibrary``; a speech
-request then names it as its ``voice``.
+is decoded there too), and, when it returns an ``EngineVoice``, that engine request; the
+result goes to the model's ``VoiceLibrary``; a speech request then names it as its ``voice``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from starlette.responses import JSONResponse
 
 from mstar.api.adapter import VOICE
 from mstar.api.errors import ApiError
-from mstar.api.voices import VoiceUpload
+from mstar.api.voices import EngineVoice, VoiceUpload
+from mstar.server.preprocess import voice_from_request
 from mstar.server.runtime import ServerRuntime
 from mstar.server.strict_json import loads_strict
 from mstar.server.voice_library import check_name
+from mstar.server.voice_making import engine_voice_tensors
 
 # How the app finds a model's runtime: by name (404 if unknown; the scope records it for
 # metrics), and every runtime it serves.
@@ -129,8 +131,10 @@ async def create_voice(rt: ServerRuntime, fields: dict[str, Any], audio: bytes) 
         raise ApiError(409, f"a voice named {name!r} already exists; delete it first or pick another name", param="name", code="voice_exists")
     upload = VoiceUpload(audio, transcript, rt.config.voice_max_seconds, fields)
     computed = await rt.preprocess.run(VOICE, upload, f"voice-{name}")
+    made = voice_from_request(computed)
+    tensors = await engine_voice_tensors(rt, made, f"voice-{name}") if isinstance(made, EngineVoice) else made
     entry = await asyncio.to_thread(
-        rt.voices.save, name, computed.inputs, transcript=transcript,
+        rt.voices.save, name, tensors, transcript=transcript,
         sample_rate=int(computed.kwargs["sample_rate"]), duration_s=float(computed.kwargs["duration_s"]),
     )
     return entry.describe(rt.model_name)

@@ -55,12 +55,13 @@ from mstar.api.audio import to_pcm16
 from mstar.api.errors import ApiError, validation_error
 from mstar.api.protocol import SpeechRequest
 from mstar.api.sampling import request_sampling, resolve_sampling
-from mstar.api.voices import SessionVoice
+from mstar.api.voices import EngineVoice, SessionVoice
 from mstar.server.execution import Execution
 from mstar.server.output_tracker import OutputTracker
 from mstar.server.runtime import ServerRuntime
 from mstar.server.sentences import SentenceSplitter
 from mstar.server.strict_json import loads_strict
+from mstar.server.voice_making import session_voice_made
 
 log = logging.getLogger("mstar.server")
 
@@ -212,6 +213,8 @@ class _Session:
             # A voice the settings carry inline (e.g. a reference clip) is made here, once,
             # not again for every sentence.
             voice = await rt.preprocess.session_voice(req, f"speechws-session-{id(self)}")
+            if voice is not None:
+                voice = await session_voice_made(rt, voice, "speechws-voice")
         except ApiError as exc:
             return await self._error(exc)
         if voice is not None:
@@ -274,6 +277,7 @@ class _Session:
                 raise ApiError(503, "the server is shutting down; reconnect to another instance or later", code="server_shutting_down")
             req = seg.request
             voice = seg.voice.voice if seg.voice is not None else None
+            assert not isinstance(voice, EngineVoice)  # made in _configure
             await ex.start(req, request_sampling(req, max_tokens=("max_tokens", req.max_tokens)), [self.rt.adapter.audio_signal], voice)
             put({"type": "start", "segment": seg.index, "text": seg.text, "request_id": ex.request_id, "seed": ex.seed,
                  "sample_rate": self.sample_rate, "encoding": "pcm_s16le", "channels": 1})
