@@ -3,6 +3,12 @@ pipeline (transformers ``generate`` streaming tokens into the official Orpheus d
 ``snac``, the way the official package runs), at concurrency 1 and 8, in one run.
 
     .venv/bin/python benchmarks/orpheus_tts.py [--tokens 91 --snac mid|released --device cpu --split]
+        [--threads 1] [--baseline] [--repeats 3]
+
+``--split`` also serves the LM and SNAC in two engine processes; ``--baseline`` also serves
+with the earlier default (``overlap_nodes`` off: SNAC windows decode after the LM's step
+instead of beside it); ``--threads`` sets torch's threads of the reference and of every
+engine process (on a shared machine, 1 avoids OpenMP teams spinning over each other).
 
 The checkpoint is random and mid-sized (4 layers, hidden 512, the real 156,940-token
 vocabulary; audio-steered so it emits audio tokens). ``--snac mid`` uses a SNAC decoder of
@@ -102,10 +108,10 @@ def write_checkpoint(path: Path, snac: str, codec_batch: int | None = None) -> P
 
 
 class Server:
-    def __init__(self, ckpt: Path, device: str, port: int, split: bool) -> None:
+    def __init__(self, ckpt: Path, device: str, port: int, split: bool, extra: tuple[str, ...] = ()) -> None:
         self.url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "mstar.cli", "serve", "--model", "orpheus", "--weights", str(ckpt),
-               "--port", str(port), "--device", device, "--log-level", "warning"]
+               "--port", str(port), "--device", device, "--log-level", "warning", *extra]
         if split:  # the LM and the SNAC decoder in two engine processes, overlapping in time
             placement = ckpt.parent / "split.yaml"
             placement.write_text(SPLIT_PLACEMENT.format(device=device))
@@ -267,14 +273,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median run is reported")
     parser.add_argument("--split", action="store_true", help="also serve with the LM and SNAC in two engine processes")
     parser.add_argument("--codec-batch", type=int, default=None, help="SNAC windows per call (default: 8 on CUDA, 1 on CPU)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the reference and of each engine process")
+    parser.add_argument("--baseline", action="store_true", help="also serve with the earlier default (SNAC after the LM, not beside it)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    extra = ("--engine-threads", str(args.threads)) if args.threads else ()
 
     runs: dict[tuple[str, int], list[RunStats]] = {}
     with tempfile.TemporaryDirectory(prefix="orpheus-bench-") as tmp:
         ckpt = write_checkpoint(Path(tmp) / "ckpt", args.snac, args.codec_batch)
-        servers = {"mstar": Server(ckpt, args.device, 8765, split=False)}
+        servers = {"mstar": Server(ckpt, args.device, 8765, split=False, extra=extra)}
         if args.split:
-            servers["mstar-split"] = Server(ckpt, args.device, 8766, split=True)
+            servers["mstar-split"] = Server(ckpt, args.device, 8766, split=True, extra=extra)
+        if args.baseline:
+            servers["mstar-old"] = Server(ckpt, args.device, 8767, split=False, extra=(*extra, "--engine-option", "overlap_nodes=false"))
         try:
             reference = Reference(ckpt, args.device)
             reference.run(1, 35)  # warm-up

@@ -2,7 +2,13 @@
 mstar vs the qwen-tts 0.1.1 reference generate, on the same mid-size random checkpoint.
 
     .venv/bin/python benchmarks/qwen3tts_tts.py [--frames 40] [--concurrency 1 8] \
-        [--ref-python /tmp/qwen-tts-ref/bin/python] [--server]
+        [--ref-python /tmp/qwen-tts-ref/bin/python] [--repeats 3] [--threads 1] [--baseline] [--server]
+
+``--repeats`` runs interleaved rounds (each pipeline at each concurrency, then the reference)
+and reports the median run of each; ``--threads`` sets torch's threads on both sides (on a
+shared machine 1 avoids two OpenMP teams spinning over each other's cores); ``--baseline``
+also runs mstar with its earlier defaults (one codec row per call, the codec after the
+talker instead of beside it) on the same weights.
 
 ``--server`` also serves the checkpoint with ``mstar serve`` and measures the same requests
 over HTTP with ``mstar bench``'s client (streamed raw PCM; TTFA from the first chunk).
@@ -12,13 +18,15 @@ The reference runs in its own venv (qwen-tts pins transformers 4.57.3; make it w
 Both sides sample with the checkpoint's defaults and generate exactly ``--frames`` frames
 (80 ms each) per request. mstar streams audio, so its TTFA is the first audio chunk;
 qwen-tts returns audio when the batch is done. RTF = request wall time / audio seconds
-(lower is better); ratios are mstar / reference (below 1: mstar is faster).
+(lower is better); throughput = audio seconds per wall second over the batch; ratios are
+printed so that > 1 favours mstar.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import tempfile
@@ -26,6 +34,7 @@ import threading
 import time
 from pathlib import Path
 
+import torch
 from mstar import Engine
 from mstar.bench import BenchRequest, LocalServer, RunOptions
 from mstar.bench import run as bench_run
@@ -91,9 +100,10 @@ def run_server(url: str, frames: int, concurrency: int) -> dict:
     }
 
 
-def run_reference(ref_python: str, ckpt: Path, frames: int, concurrency: list[int]) -> dict[int, dict]:
+def run_reference(ref_python: str, ckpt: Path, frames: int, concurrency: list[int], threads: int | None) -> dict[int, dict]:
     cmd = [ref_python, str(TOOLS / "qwen_tts_bench_reference.py"), str(ckpt), str(frames), *map(str, concurrency)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=TOOLS)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=TOOLS, env=env)
     if proc.returncode:
         raise SystemExit(f"reference failed:\n{proc.stderr[-3000:]}")
     out = {}
@@ -109,6 +119,11 @@ def run_reference(ref_python: str, ckpt: Path, frames: int, concurrency: list[in
     return out
 
 
+def _median(runs: list[dict]) -> dict:
+    """The run with the median wall time (the machine may be shared: rounds are repeated)."""
+    return sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=40)
@@ -116,32 +131,53 @@ def main() -> None:
     parser.add_argument("--ref-python", default="/tmp/qwen-tts-ref/bin/python")
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--server", action="store_true", help="also measure mstar serve over HTTP (mstar bench's client)")
-    parser.add_argument("--codec-batch", type=int, default=None, help="codec chunks per call (default: 8 on CUDA, 1 on CPU)")
+    parser.add_argument("--codec-batch", type=int, default=None, help="codec chunks per call (default: the plugin's, by device)")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the median run is reported")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of both sides (default: torch's)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also mstar with the earlier defaults (one codec row per call, codec after the talker)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    runs: dict[tuple[str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="qwen3tts-bench-") as tmp:
         streaming = {} if args.codec_batch is None else {"mstar_streaming": {"codec_batch": args.codec_batch}}
         ckpt = write_checkpoint(Path(tmp) / "mid", preset="mid", seed=0, overrides=streaming)
-        engine = Engine.from_model("qwen3tts", weights=ckpt)
-        run_mstar(engine, ckpt, args.frames, 1)  # warm-up, as the reference gets
-        ours = {c: run_mstar(engine, ckpt, args.frames, c) for c in args.concurrency}
-        engine.close()
+        engines = {"mstar": Engine.from_model("qwen3tts", weights=ckpt)}
+        if args.baseline:  # same weights (same seed), one codec row per call, no overlap
+            old = write_checkpoint(Path(tmp) / "mid-old", preset="mid", seed=0, overrides={"mstar_streaming": {"codec_batch": 1}})
+            engines["mstar-old"] = Engine.from_model("qwen3tts", weights=old, overlap_nodes=False)
+        for engine in engines.values():
+            run_mstar(engine, ckpt, args.frames, 1)  # warm-up, as the reference gets
+        # Interleaved rounds, so load from anything else on the machine hits every pipeline alike.
+        for _ in range(args.repeats):
+            for c in args.concurrency:
+                for name, engine in engines.items():
+                    runs.setdefault((name, c), []).append(run_mstar(engine, ckpt, args.frames, c))
+            if not args.skip_reference:
+                for c, r in run_reference(args.ref_python, ckpt, args.frames, args.concurrency, args.threads).items():
+                    runs.setdefault(("reference", c), []).append(r)
+        for engine in engines.values():
+            engine.close()
         served = {}
         if args.server:
             with LocalServer(["--model", "qwen3tts", "--weights", str(ckpt), "--log-level", "warning"]) as url:
                 run_server(url, args.frames, 1)  # warm-up
                 served = {c: run_server(url, args.frames, c) for c in args.concurrency}
-        ref = {} if args.skip_reference else run_reference(args.ref_python, ckpt, args.frames, args.concurrency)
-    print(f"Qwen3-TTS mid-size random checkpoint, {args.frames} frames ({args.frames * 0.08:.1f} s audio) per request")
-    print(f"{'conc':>4} | {'mstar TTFA':>10} {'ref TTFA':>9} {'ratio':>6} | {'mstar RTF':>9} {'ref RTF':>8} {'ratio':>6}")
-    for c in args.concurrency:
-        m, r = ours[c], ref.get(c)
-        if r is None:
-            print(f"{c:>4} | {m['ttfa_s']:>9.3f}s {'-':>9} {'-':>6} | {m['rtf']:>9.3f} {'-':>8} {'-':>6}")
-            continue
-        print(
-            f"{c:>4} | {m['ttfa_s']:>9.3f}s {r['ttfa_s']:>8.3f}s {m['ttfa_s'] / r['ttfa_s']:>6.3f} | "
-            f"{m['rtf']:>9.3f} {r['rtf']:>8.3f} {m['rtf'] / r['rtf']:>6.3f}"
-        )
+    results = {k: _median(v) for k, v in runs.items()}
+    print(f"Qwen3-TTS mid-size random checkpoint, {args.frames} frames ({args.frames * 0.08:.1f} s audio) per request, "
+          f"torch threads {torch.get_num_threads()}, median of {args.repeats}")
+    print(f"{'pipeline':<11} {'conc':>4} {'TTFA s':>8} {'RTF':>7} {'audio s/s':>10} {'wall s':>7}")
+    for (name, c), r in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        print(f"{name:<11} {c:>4} {r['ttfa_s']:>8.3f} {r['rtf']:>7.3f} {r['audio_s'] / r['wall_s']:>10.3f} {r['wall_s']:>7.2f}")
+    if not args.skip_reference:
+        print("\nratios vs the reference (> 1: mstar is better): TTFA ref/mstar, RTF ref/mstar, throughput mstar/ref")
+        for c in args.concurrency:
+            ref = results[("reference", c)]
+            for name in engines:
+                m = results[(name, c)]
+                print(f"  {name:<10} concurrency {c}: TTFA x{ref['ttfa_s'] / m['ttfa_s']:.2f}, RTF x{ref['rtf'] / m['rtf']:.2f}, "
+                      f"throughput x{(m['audio_s'] / m['wall_s']) / (ref['audio_s'] / ref['wall_s']):.2f}")
     for c, m in served.items():
         print(f"{c:>4} | mstar serve over HTTP: TTFA {m['ttfa_s']:.3f}s, RTF {m['rtf']:.3f}, {m['audio_s'] / m['wall_s']:.2f} audio s/s")
 

@@ -72,3 +72,24 @@ def test_seeded_wav_is_byte_identical_under_load_with_batched_snac(engines, batc
     assert all(r.error is None for r in crowded)
     assert max(rows) > 1, "SNAC never decoded two requests' windows in one call"
     assert crowded[3].cat("audio").numpy().tobytes() == alone.cat("audio").numpy().tobytes()
+
+
+def test_snac_runs_beside_the_lm_by_default_and_the_caller_can_turn_it_off(engines, ckpt) -> None:
+    """The plugin's engine_defaults turn overlap_nodes on; an option given to the engine wins."""
+    assert engines(ckpt).core.scheduler.config.overlap_nodes
+    assert not engines(ckpt, overlap_nodes=False).core.scheduler.config.overlap_nodes
+
+
+def test_seeded_wav_is_byte_identical_under_load_with_the_snac_beside_the_lm(engines, ckpt, prompts) -> None:
+    """Default engine (SNAC on the overlap thread while the LM steps): a seeded request's audio
+    alone equals its audio among six others, and SNAC batches did run beside LM batches."""
+    engine = engines(ckpt)
+    seeded = {"inputs": {"prompt_ids": prompts.encode("Beside the language model.", "leo")}, "sampling": {"seed": 4321, "max_tokens": 63}}
+    alone = engine.run_batch([seeded])[0]
+    assert alone.error is None and alone.cat("audio").numel() >= 3 * 2048
+    others = [{"inputs": {"prompt_ids": prompts.encode(f"Company number {i}.", v)}, "sampling": {"seed": i, "max_tokens": 35 + 4 * i}}
+              for i, v in enumerate(["tara", "leah", "jess", "dan", "mia", "zac"])]
+    crowded = engine.run_batch([*others[:2], seeded, *others[2:]])
+    assert all(r.error is None for r in crowded)
+    assert engine.core._overlap_pool is not None  # the overlapped path ran
+    assert crowded[2].cat("audio").numpy().tobytes() == alone.cat("audio").numpy().tobytes()
