@@ -8,7 +8,10 @@ Speech request fields beyond OpenAI's: ``language`` (default ``auto``), ``non_st
 * VoiceDesign: ``instructions`` describes the voice; ``voice`` is a 400.
 * Base (voice clone): ``ref_audio`` (base64 of an audio file, or a ``data:audio/...;base64,``
   URL), ``ref_text`` (its transcript, required unless ``x_vector_only_mode`` is true;
-  default false as in qwen-tts). ``instructions`` is a 400.
+  default false as in qwen-tts). ``instructions`` is a 400. The pool sends the clip's
+  features (``reference_features``); the engine's encoder nodes encode them. Saved voices
+  and WS session voices are made by those nodes too, in a request of their own
+  (``clone_voice``: an ``EngineVoice``).
 
 Sampling: the OpenAI fields drive the first codebook; the extension ``sampling: {"aux":
 {"code_predictor": {...}}}`` drives the residual codebooks (an unknown label is a 400).

@@ -20,8 +20,10 @@ needs a transcript: without one ``CloneEncoder.encode`` raises ``CloneError(para
     save_file(prompt.tensors(), path); ClonePrompt.from_tensors(load_file(path))
 
 ``CloneEncoder.from_checkpoint`` loads the speaker encoder, the speech tokenizer's encoder
-(``codec_encoder``, for ``ref_codes``) and the text tokenizer. Both encoders run on the
-reference audio resampled (soxr HQ, as librosa does for qwen-tts) to their 24 kHz.
+(``codec_encoder``, for ``ref_codes``) and the text tokenizer, to compute a prompt in
+process (scripts, tests). Both encoders run on the reference audio resampled (soxr HQ, as
+librosa does for qwen-tts) to their 24 kHz; ``reference_features`` is that cheap share (the
+server's preprocess pool computes it and the engine's encoder nodes do the rest).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ features (inputs ``ref_mel``, ``ref_wave``; kwarg ``clone_encode``) first runs w
 ``encode_speaker`` (→ ``speaker_embed``) and, in-context, ``encode_reference`` (→
 ``ref_codes``) in partition ``talker``, batched with other requests' clips; a request with
 a computed clone prompt (a saved voice) brings ``speaker_embed`` and ``ref_codes`` and
-goes straight to the prefill.
+goes straight to the prefill. With kwarg ``encode_only`` (making a saved voice) only the
+encoder walks run, and their outputs go to the client.
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ def _add_clone_encoders(graph: GraphSpec) -> None:
 
 
 def _example_requests(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """One request per prompt layout (and, for Base, per clone mode): together they run
-    prefill, decode and vocode."""
+    """One request per prompt layout (and, for Base, per clone mode, plus a clip's features
+    through each encoder walk): together they run every walk."""
     import torch
 
     from mstar_qwen3tts.prompt import build_clone_prompt, build_prompt
