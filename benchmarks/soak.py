@@ -45,6 +45,7 @@ class Minute:
     errors: int = 0
     latencies: list[float] = field(default_factory=list)
     error_kinds: dict[str, int] = field(default_factory=dict)
+    first_errors: dict[str, str] = field(default_factory=dict)  # kind -> UTC time and message of its first
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -116,10 +117,11 @@ async def client(i: int, url: str, model: str, endpoints: list[str], voice: str,
             start = time.monotonic()
             kind = endpoints[n % len(endpoints)]
             n += 1
+            detail = ""
             try:
                 err = await (chat_once(http, model, rng) if kind == "chat" else speech_once(http, model, rng, voice))
             except httpx.HTTPError as exc:
-                err = f"transport {type(exc).__name__}"
+                err, detail = f"transport {type(exc).__name__}", repr(exc)
             end = time.monotonic()
             m = minutes[min(int((end - t0) // 60), len(minutes) - 1)]
             m.done += 1
@@ -127,6 +129,7 @@ async def client(i: int, url: str, model: str, endpoints: list[str], voice: str,
             if err:
                 m.errors += 1
                 m.error_kinds[err] = m.error_kinds.get(err, 0) + 1
+                m.first_errors.setdefault(err, f"{time.strftime('%H:%M:%S', time.gmtime())} UTC client {i} {kind} {detail}")
 
 
 def free_port() -> int:
@@ -185,7 +188,7 @@ async def soak(url: str, pid: int, clients: int, minutes: int, voice: str) -> li
         m = rows[minute]
         memory = rss_by_process(pid) if pid else {}
         row = {"minute": minute + 1, "model": model, "clients": clients, "done": m.done, "errors": m.errors,
-               "error_kinds": m.error_kinds, "p50_s": percentile(m.latencies, 0.5), "p90_s": percentile(m.latencies, 0.9),
+               "error_kinds": m.error_kinds, "first_errors": m.first_errors, "p50_s": percentile(m.latencies, 0.5), "p90_s": percentile(m.latencies, 0.9),
                "p99_s": percentile(m.latencies, 0.99), "rss_mib": memory, "rss_total_mib": sum(memory.values())}
         report.append(row)
         print(f"min {row['minute']:>2}  {model}  done {m.done:>6}  errors {m.errors:>4}  p50 {row['p50_s']:.3f}s  "
@@ -195,7 +198,10 @@ async def soak(url: str, pid: int, clients: int, minutes: int, voice: str) -> li
     # Requests that ended after the last full minute are counted in it.
     if report:
         last = rows[-1]
-        report[-1].update(done=last.done, errors=last.errors, error_kinds=last.error_kinds)
+        report[-1].update(done=last.done, errors=last.errors, error_kinds=last.error_kinds, first_errors=last.first_errors)
+    for row in report:
+        for err, first in row["first_errors"].items():
+            print(f"minute {row['minute']}: {row['error_kinds'][err]} x {err}; first at {first}")
     return report
 
 
