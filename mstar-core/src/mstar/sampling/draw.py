@@ -37,7 +37,7 @@ from mstar.sampling.tensors import SamplingTensors
 from mstar.sampling.vocab_groups import GROUP, TopGroups, VocabGroups
 
 _GREEDY_GROUPS = 4  # the maximum is in the top group unless it is tied across groups
-_FIRST_GROUPS = 64  # a first candidate set of ~1k tokens holds a peaked nucleus
+_FIRST_GROUPS = 32  # a first candidate set of ~500 tokens holds a peaked nucleus
 _FIRST_WIDTH = 4096  # then ordered prefixes of the whole row, before a full sort
 _GROWTH = 4
 _SUM_SLACK = 4e-6  # relative: float32 sums of GROUP weights, float32 exp's monotonicity
@@ -323,7 +323,7 @@ def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
         # Only the rows this level did not cover go on to the next.
         left = (~covered).nonzero().squeeze(1)
         todo, rows = todo[left], rows.take(left)
-        groups = VocabGroups(groups.x[left], groups.group_max[left], groups.row_max[left])
+        groups = groups.take(left)
         mass = None if mass is None else mass.take(left)
         needs_mass = bool(((rows.top_k <= 0) & (rows.top_p < 1)).any())
         if outside is not None and needs_mass:  # the rows left sum their mass now

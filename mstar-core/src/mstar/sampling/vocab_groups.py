@@ -32,18 +32,25 @@ class VocabGroups:
     x: Tensor
     group_max: Tensor  # [B, n] maximum of each strided group
     row_max: Tensor  # [B, 1] maximum of the row
+    super_max: Tensor  # [B, n // GROUP] maximum of each strided super-group (of groups)
 
     @classmethod
     def of(cls, x: Tensor) -> VocabGroups:
         batch, vocab = x.shape
         n = vocab // GROUP
         if n == 0:
-            return cls(x, x.new_empty(batch, 0), x.amax(dim=1, keepdim=True))
+            return cls(x, x.new_empty(batch, 0), x.amax(dim=1, keepdim=True), x.new_empty(batch, 0))
         group_max = x[:, : n * GROUP].view(batch, GROUP, n).amax(dim=1)
-        row_max = group_max.amax(dim=1, keepdim=True)
-        if vocab > n * GROUP:
-            row_max = torch.maximum(row_max, x[:, n * GROUP :].amax(dim=1, keepdim=True))
-        return cls(x, group_max, row_max)
+        # The row maximum from the super-groups: the pass over the group maxima that
+        # finds it also gives what ``top_groups`` selects from.
+        ns = n // GROUP
+        super_max = group_max[:, : ns * GROUP].view(batch, GROUP, ns).amax(dim=1)
+        row_max = torch.cat([super_max, group_max[:, ns * GROUP :], x[:, n * GROUP :]], dim=1)
+        return cls(x, group_max, row_max.amax(dim=1, keepdim=True), super_max)
+
+    def take(self, rows: Tensor) -> VocabGroups:
+        """The groups of some rows only."""
+        return VocabGroups(*(t.index_select(0, rows) for t in (self.x, self.group_max, self.row_max, self.super_max)))
 
     @property
     def num_groups(self) -> int:
@@ -78,8 +85,7 @@ class VocabGroups:
         if num * GROUP * 2 >= n:
             top = torch.topk(self.group_max, num, dim=1, sorted=False)
             return TopGroups(top.values, top.indices)
-        supers = self.group_max[:, : ns * GROUP].view(batch, GROUP, ns).amax(dim=1)
-        best = torch.topk(supers, num, dim=1, sorted=False).indices
+        best = torch.topk(self.super_max, num, dim=1, sorted=False).indices
         offsets = torch.arange(GROUP, device=self.x.device).mul_(ns).view(1, GROUP, 1)
         members = (best.unsqueeze(1) + offsets).reshape(batch, GROUP * num)
         if n > ns * GROUP:
