@@ -10,7 +10,8 @@ engine binds) on logits shaped like a language model's: an N(0, 2.5^2) backgroun
 eight tokens per row boosted by 12 to 24, so most rows put most of their mass on a few
 tokens (the top-p 0.9 nucleus sizes are printed). Model and sampler calls are interleaved
 and medians reported, because the machine may be shared (the load average is printed
-before and after); the share is sampler / (model + sampler).
+before and after); the share is sampler / (model + sampler), by wall clock and by CPU
+seconds of the process (all threads), which moves less with the machine's load.
 """
 
 from __future__ import annotations
@@ -76,34 +77,45 @@ def make_model_step(batch: int, layers: int, hidden: int, context: int) -> Calla
     return step
 
 
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall s, CPU s of the process, all threads) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def measure(batch: int, layers: int, hidden: int, repeats: int) -> dict[str, tuple[float, float]]:
-    """{setting: (median model step s, median sampler s)} measured interleaved."""
+Times = tuple[float, float]  # median (wall, CPU) seconds
+
+
+def median(samples: list[tuple[float, float]]) -> Times:
+    return statistics.median(w for w, _ in samples), statistics.median(c for _, c in samples)
+
+
+def measure(batch: int, layers: int, hidden: int, repeats: int) -> dict[str, tuple[Times, Times]]:
+    """{setting: (model step, sampler)} median times, measured interleaved."""
     step = make_model_step(batch, layers, hidden, context=64)
     logits = peaked_logits(batch, VOCAB)
     samplers = {name: make_sampler(p, batch, VOCAB) for name, p in SETTINGS.items()}
     step()
     for s in samplers.values():
         s(logits)
-    model_t: list[float] = []
-    sample_t: dict[str, list[float]] = {name: [] for name in samplers}
+    model_t: list[tuple[float, float]] = []
+    sample_t: dict[str, list[tuple[float, float]]] = {name: [] for name in samplers}
     for _ in range(repeats):
         model_t.append(timed(step))
         for name, s in samplers.items():
             sample_t[name].append(timed(lambda s=s: s(logits)))
-    model = statistics.median(model_t)
-    return {name: (model, statistics.median(t)) for name, t in sample_t.items()}
+    model = median(model_t)
+    return {name: (model, median(t)) for name, t in sample_t.items()}
 
 
-def report(results: dict[str, tuple[float, float]]) -> None:
-    print(f"{'setting':>10} | {'model ms':>8} | {'sample ms':>9} | {'share of step':>13}")
-    for name, (model, sample) in results.items():
-        print(f"{name:>10} | {model * 1e3:>8.1f} | {sample * 1e3:>9.2f} | {sample / (model + sample):>12.1%}")
+def report(results: dict[str, tuple[Times, Times]]) -> None:
+    print("share of step = sampler / (model step + sampler), by wall clock and by CPU seconds")
+    print(f"{'setting':>10} | {'model ms':>8} | {'sample ms':>9} | {'share':>6} | "
+          f"{'model CPU ms':>12} | {'sample CPU ms':>13} | {'CPU share':>9}")
+    for name, ((model, model_cpu), (sample, sample_cpu)) in results.items():
+        print(f"{name:>10} | {model * 1e3:>8.1f} | {sample * 1e3:>9.2f} | {sample / (model + sample):>6.1%} | "
+              f"{model_cpu * 1e3:>12.1f} | {sample_cpu * 1e3:>13.2f} | {sample_cpu / (model_cpu + sample_cpu):>9.1%}")
 
 
 def main() -> None:
