@@ -1,7 +1,14 @@
-"""Engine overhead: toy LM decode tokens/s through ``mstar.Engine`` vs a bare loop over the
+"""Engine overhead: toy model tokens/s through ``mstar.Engine`` vs a bare loop over the
 same modules with a preallocated contiguous KV cache, at batch 1, 8 and 32, in one run.
 
     .venv/bin/python benchmarks/engine_overhead.py [--layers 8 --hidden 512 --tokens 64 --rounds 1]
+
+Both sides do the same work: prefill all rows together, then greedy decode of the token and
+the residual code with the same modules, dtype and threads, and the toy's codec decoding each
+row's codes chunk by chunk (the stream's chunk policy, one chunk per call, as the engine runs
+it). What differs: the engine's attention reads a paged cache (through its decode buffer) with
+keys padded to whole blocks and a mask, where the bare loop slices its contiguous cache; the
+engine samples through its sampler, the bare loop takes argmaxes.
 
 Prints a table; the ratio is engine / bare (1.0 = no overhead), of wall-clock tokens/s and
 of tokens per CPU second (the process's, all threads: steadier on a shared machine).
@@ -10,6 +17,7 @@ of tokens per CPU second (the process's, all threads: steadier on a shared machi
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -21,7 +29,9 @@ from mstar import Engine
 from mstar.model.submodule_base import ModelInputsFromEngine
 from mstar_toy.checkpoint import load_weights, write_checkpoint
 from mstar_toy.config import load_config
+from mstar_toy.decoder import ToyDecoder
 from mstar_toy.lm import ToyLM
+from mstar_toy.plugin import chunk_policy
 
 
 class ContiguousCache:
@@ -54,22 +64,37 @@ def timed(fn, *args) -> tuple[float, float]:
     return rate, batch * tokens / (time.process_time() - cpu)
 
 
-def bare_loop(lm: ToyLM, prompt_len: int, batch: int, tokens: int) -> float:
+def decode_chunks(decoder: ToyDecoder, policy, codes: torch.Tensor, consumed: list[int], length: int, closed: bool) -> None:
+    """Decode every row's chunks that are ready, one chunk per call (the decoder does not batch)."""
+    for b in range(codes.shape[0]):
+        while (cut := policy.next_chunk(length, consumed[b], closed)) is not None:
+            start, end, context = cut
+            decoder.decode(codes[b : b + 1, start:end])[0, context:].reshape(-1)
+            consumed[b] = end
+
+
+def bare_loop(lm: ToyLM, decoder: ToyDecoder, prompt_len: int, batch: int, tokens: int) -> float:
     cfg = lm.cfg
     cache = ContiguousCache(cfg["num_hidden_layers"], batch, prompt_len + tokens + 1, cfg["num_key_value_heads"], lm.head_dim)
+    policy = chunk_policy(cfg["stream"])
+    codes = torch.zeros(batch, tokens, 2, dtype=torch.long)
+    consumed = [0] * batch
     ids = torch.randint(0, 256, (batch, prompt_len))
     start = time.perf_counter()
     with torch.inference_mode():
-        for _ in range(tokens):
+        for i in range(tokens):
             t = ids.shape[1]
             pos = torch.arange(cache.start, cache.start + t).repeat(batch)
             ei = ModelInputsFromEngine([], {}, attention=cache, positions=pos)
             h = lm.hidden_states(ids.reshape(-1), ei).view(batch, t, -1)[:, -1]
             h = lm.norm(h)
             tok = lm.head(h).argmax(-1)
-            lm.aux_head(h + lm.aux_embed(tok)).argmax(-1)
+            residual = lm.aux_head(h + lm.aux_embed(tok)).argmax(-1)
+            codes[:, i, 0], codes[:, i, 1] = tok, residual
+            decode_chunks(decoder, policy, codes, consumed, i + 1, closed=False)
             cache.start += t
             ids = tok[:, None]
+        decode_chunks(decoder, policy, codes, consumed, tokens, closed=True)
     return batch * tokens / (time.perf_counter() - start)
 
 
@@ -79,7 +104,8 @@ def engine_run(engine: Engine, prompt_len: int, batch: int, tokens: int) -> floa
     start = time.perf_counter()
     res = engine.run_batch(reqs)
     elapsed = time.perf_counter() - start
-    assert all(r.error is None and len(r.cat("token")) == tokens for r in res)
+    samples = engine.built.config["decoder"]["samples_per_token"]
+    assert all(r.error is None and len(r.cat("token")) == tokens and len(r.cat("audio")) == tokens * samples for r in res)
     return batch * tokens / elapsed
 
 
@@ -101,18 +127,24 @@ def main() -> None:
         lm = ToyLM(load_config(ckpt))
         load_weights(lm, ckpt, "lm.")
         lm.eval()
+        decoder = ToyDecoder(load_config(ckpt))
+        load_weights(decoder, ckpt, "decoder.")
+        decoder.eval()
         engine = Engine.from_model("toy", weights=ckpt, kv_budget_bytes=1 << 30, max_num_seqs=64)
         engine_run(engine, args.prompt, 2, 4)  # warm-up
-        bare_loop(lm, args.prompt, 2, 4)
+        bare_loop(lm, decoder, args.prompt, 2, 4)
         print(f"toy LM: {args.layers} layers, hidden {args.hidden}, prompt {args.prompt}, {args.tokens} new tokens, torch threads {torch.get_num_threads()}")
-        print(f"{'batch':>5} | {'bare tok/s':>10} | {'engine tok/s':>12} | {'engine/bare':>11} | {'per CPU s':>9}")
+        print(f"{'batch':>5} | {'bare tok/s':>10} | {'engine tok/s':>12} | {'engine/bare':>11} | {'per CPU s':>9} | load (1 min)")
         for b in (int(x) for x in args.batches.split(",")):
-            runs = [
-                (timed(bare_loop, lm, args.prompt, b, args.tokens), timed(engine_run, engine, args.prompt, b, args.tokens))
-                for _ in range(args.rounds)
-            ]
+            runs = []
+            for i in range(args.rounds):  # which side goes first alternates, so neither always follows the other
+                sides = [(bare_loop, lm, decoder), (engine_run, engine)]
+                order = sides if i % 2 == 0 else sides[::-1]
+                done = [timed(*side, args.prompt, b, args.tokens) for side in order]
+                runs.append(done if i % 2 == 0 else done[::-1])
             bare, bare_cpu, eng, eng_cpu = (statistics.median(r[i][j] for r in runs) for i in (0, 1) for j in (0, 1))
-            print(f"{b:>5} | {bare:>10.1f} | {eng:>12.1f} | {eng / bare:>11.2f} | {eng_cpu / bare_cpu:>9.2f}")
+            load = os.getloadavg()[0]  # the machine's, as the rounds ended: shared cores skew wall time
+            print(f"{b:>5} | {bare:>10.1f} | {eng:>12.1f} | {eng / bare:>11.2f} | {eng_cpu / bare_cpu:>9.2f} | {load:.1f}")
         engine.close()
 
 
