@@ -92,7 +92,8 @@ class NodeSamplers:
 class MixedBatchConfig:
     """Walks of one node whose rows may share one forward, run under ``merged_walk``.
 
-    ``max_rows`` caps how many rows of a given walk one mixed step may hold.
+    ``max_rows`` caps how many rows of a given walk one mixed step may hold while rows of
+    another of its walks are ready (so those keep their pace); with none ready it does not apply.
     """
 
     node: str
