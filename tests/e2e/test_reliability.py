@@ -199,4 +199,8 @@ def test_killed_engine_is_restarted_and_serves_again(server, http):
     assert not _zombie(old)
     assert client.chat.completions.create(**ask).choices[0].message.content == before
     assert server.metric("mstar_engine_up", engine="0") == 1
+    # Stats arrive on the engine's report interval, not with the response: wait for it.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and server.metric("mstar_kv_blocks_used") != 0:
+        time.sleep(0.1)
     assert server.metric("mstar_kv_blocks_used") == 0
