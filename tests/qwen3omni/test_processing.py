@@ -1,7 +1,8 @@
-"""Chat messages with media (data URLs / base64) through our Preprocessor give exactly the prompt
-ids and processor tensors that transformers' Qwen3OmniMoeProcessor (torchvision video processor
-included) produced for the same media and messages. The reference outputs were made in a
-throw-away environment by mstar-models-qwen3omni/tools/make_processor_fixtures.py."""
+"""Chat messages with media (data URLs / base64) through our Preprocessor give exactly the
+prompt ids and integer tensors, and float tensors within 1e-5 (their last bits vary by CPU),
+that transformers' Qwen3OmniMoeProcessor (torchvision video processor included) produced for
+the same media and messages. The reference outputs were made in a throw-away environment by
+mstar-models-qwen3omni/tools/make_processor_fixtures.py."""
 
 from __future__ import annotations
 
@@ -76,8 +77,13 @@ def test_prompt_ids_and_every_tensor_equal_transformers(preprocessor, case):
         assert str(value.dtype) == meta["dtype"], key
         stored = rows[f"{case}.{key}"]
         sampled = value[:: EXPECTED["row_stride"]] if stored.shape != value.shape else value
-        assert torch.equal(sampled, stored), f"{key}: max diff {(sampled.double() - stored.double()).abs().max()}"
-        assert hashlib.sha256(value.numpy().tobytes()).hexdigest() == meta["sha256"], key
+        if value.is_floating_point():
+            # Float features (the log-mel's FFT) differ in their last bits between CPUs
+            # (SIMD kernels): the fixtures' machine and this one need not match bit for bit.
+            torch.testing.assert_close(sampled, stored, rtol=1e-5, atol=1e-5, msg=key)
+        else:
+            assert torch.equal(sampled, stored), key
+            assert hashlib.sha256(value.numpy().tobytes()).hexdigest() == meta["sha256"], key
 
 
 # --- media decoding and limits -------------------------------------------------------------

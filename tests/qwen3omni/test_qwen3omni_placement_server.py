@@ -53,8 +53,15 @@ def test_three_processes_equal_one_engine(server):
         "thinker": ["thinker", "audio_encoder", "vision_encoder"], "talker": ["talker"], "code2wav": ["code2wav"],
     }
     served = _generate(server, SPEECH)
-    with Engine.from_model("qwen3omni", random_weights=True) as engine:
-        local = engine.run_batch([{"inputs": {"prompt_ids": torch.tensor(PROMPT)}, "sampling": SAMPLING, "kwargs": SPEECH}])[0]
+    # The server's engines run one torch thread each (omni_server); so does this engine, since
+    # Code2Wav's convolutions may round differently with another thread count on some CPUs.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with Engine.from_model("qwen3omni", random_weights=True) as engine:
+            local = engine.run_batch([{"inputs": {"prompt_ids": torch.tensor(PROMPT)}, "sampling": SAMPLING, "kwargs": SPEECH}])[0]
+    finally:
+        torch.set_num_threads(threads)
     assert local.error is None, local.error
     assert served["tokens"].reshape(-1).tolist() == local.cat("tokens").tolist()
     codes = torch.cat(local.signals["codes"])
