@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+from mstar.layers import vocab_logits
 from mstar.model.submodule_base import (
     ARNodeInputs,
     ARNodeSubmodule,
@@ -90,7 +90,7 @@ class OrpheusLM(ARNodeSubmodule):
     # ---- pieces ------------------------------------------------------------------------
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         h = self.model.norm(hidden)
-        return F.linear(h, self.model.embed_tokens.weight) if self.tied else self.lm_head(h)
+        return vocab_logits(h, self.model.embed_tokens.weight if self.tied else self.lm_head.weight)
 
     def sample_head(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
         """The region a piecewise runner may capture: final norm, LM head, sampling."""

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from mstar.layers import GatedMLP, PagedSelfAttention, RMSNorm
+from mstar.layers import GatedMLP, PagedSelfAttention, RMSNorm, vocab_logits
 from torch import nn
 
 from mstar_qwen3omni.config import TextConfig
@@ -87,9 +86,7 @@ class ThinkerLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head (only over the rows that sample)."""
         h = self.model.norm(hidden)
-        if self.cfg.tie_word_embeddings:
-            return F.linear(h, self.model.embed_tokens.weight)
-        return self.lm_head(h)
+        return vocab_logits(h, self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight)
 
 
 def checkpoint_views(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

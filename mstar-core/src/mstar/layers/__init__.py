@@ -9,6 +9,7 @@ from mstar.layers.decoder import DecoderLayer
 from mstar.layers.mlp import GatedMLP
 from mstar.layers.norm import RMSNorm
 from mstar.layers.rope import RotaryEmbedding, apply_rope, rope_parameters
+from mstar.layers.vocab_head import vocab_logits
 from mstar.layers.weights import CheckpointMismatchError, load_safetensors, safetensors_keys
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "load_safetensors",
     "rope_parameters",
     "safetensors_keys",
+    "vocab_logits",
 ]
