@@ -1,4 +1,5 @@
-"""The torch backend's K/V of a run of decode steps, contiguous per row, carried across steps.
+"""The torch backend's K/V of a run of decode steps, contiguous per row and head, carried
+across steps.
 
 A paged cache must be gathered into a padded batch before SDPA can read it, and gathering
 every layer's whole K/V on every decode step costs as much memory traffic as the attention
@@ -8,6 +9,11 @@ is written into it; any other step gathers afresh ("fill"). Its size is the rows
 ``HEADROOM_TOKENS`` per row: memory beside the paged cache's budget, so a step whose rows
 would need more than ``1/BUDGET_DIVISOR`` of the paged cache's tokens does not use it (the
 backend gathers per layer as without a buffer).
+
+Layout per layer: ``[rows, capacity, kv_heads, head_dim]`` (the paged cache's NHD order), so
+a fill is one gather of whole blocks and an append one indexed row copy per K and V. (A
+per-head layout, [rows, kv_heads, capacity, head_dim], made SDPA slower on this CPU once the
+buffer is larger than the caches: each head's keys then lie ``capacity`` rows apart.)
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ class DecodeBuffer:
         self._capacity = 0
         self._written: set[int] = set()  # layers whose new token the last step wrote
         self._storage: list[tuple[torch.Tensor, torch.Tensor]] = []  # flat K, V per layer
+        # Per layer, K and V views of the storage as SDPA reads them, [B, Hkv, capacity, D]
+        # (transposed), and as rows to write, [B*capacity, Hkv, D]; made at a fill and reused
+        # by the appends after it (views made per call would cost ops every layer and step).
+        self._views: list[tuple[tuple[torch.Tensor, torch.Tensor], ...]] = []
         self._step: BufferStep | None = None
 
     def fits(self, rows: int, keys: int) -> bool:
@@ -73,6 +83,12 @@ class DecodeBuffer:
             fill[:, :have] = tables[:, :have]  # columns past a row's blocks: block 0, masked out
             fill_blocks = fill.reshape(-1)
             self._ensure_storage(len(rows) * self._capacity)
+            shape = (len(rows), self._capacity, self.kv.num_kv_heads, self.kv.head_dim)
+            size = shape[0] * shape[1] * shape[2] * shape[3]
+            self._views = [
+                tuple((t[:size].view(shape).transpose(1, 2), t[:size].view(-1, *shape[2:])) for t in kv_pair)
+                for kv_pair in self._storage
+            ]
         cap = self._capacity
         append_index = torch.tensor(
             [b * cap + n - 1 for b, n in enumerate(kv_lens)], dtype=torch.int64, device=self.kv.device
@@ -84,22 +100,19 @@ class DecodeBuffer:
     def keys_values(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, keys: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """After the layer's new K/V went into the paged cache: [B, keys, Hkv, D] K and V
+        """After the layer's new K/V went into the paged cache: [B, Hkv, keys, D] K and V
         (views of the buffer), with ``k``/``v`` [B, Hkv, D] (the new token's) in place."""
         step = self._step
         assert step is not None, "DecodeBuffer.keys_values before plan"
-        rows, hkv, dim = step.append_index.shape[0], self.kv.num_kv_heads, self.kv.head_dim
-        size = rows * step.capacity * hkv * dim
         caches = (self.kv.k_cache(layer), self.kv.v_cache(layer))
         out = []
-        for storage, cache, new in zip(self._storage[layer], caches, (k, v), strict=True):
-            buf = storage[:size].view(rows, step.capacity, hkv, dim)
+        for (buf, slots), cache, new in zip(self._views[layer], caches, (k, v), strict=True):
             if step.fill:
                 assert step.fill_blocks is not None
-                torch.index_select(cache, 0, step.fill_blocks, out=buf.view(-1, self.kv.block_size, hkv, dim))
+                torch.index_select(cache, 0, step.fill_blocks, out=slots.view(-1, *cache.shape[1:]))
             else:
-                buf.view(-1, hkv, dim).index_copy_(0, step.append_index, new.to(self.kv.dtype))
-            out.append(buf[:, :keys])
+                slots.index_copy_(0, step.append_index, new if new.dtype == self.kv.dtype else new.to(self.kv.dtype))
+            out.append(buf[:, :, :keys])
         self._written.add(layer)
         return out[0], out[1]
 

@@ -25,18 +25,25 @@ class _TorchPlan:
     # Whole blocks are copied: one contiguous block_size*Hkv*D run each, far cheaper than
     # a per-key gather.
     kv_blocks: torch.Tensor
-    keys_per_row: int  # Nb * block_size, the padded key count
+    keys_per_row: int  # Nb * block_size, the keys the gathered blocks hold per row
+    # The longest row's kv_len: SDPA sees this many keys per row, not the block padding past
+    # it (fewer keys to score, and no mask at all when every row has this length).
+    num_keys: int
     # Token feeding each padded query [B*Qmax] and each token's padded position [T]; None
     # when every row has one query (decode): the padded layout is then the token layout.
     query_gather: torch.Tensor | None
     query_unpad: torch.Tensor | None
-    mask: torch.Tensor  # [B, 1, Qmax, Nb*block_size] bool, True = may attend
+    # [B, 1, Qmax, num_keys] bool, True = may attend; None when every query may see every
+    # key (decode steps whose rows all hold num_keys keys).
+    mask: torch.Tensor | None
     buffer: BufferStep | None = None  # a decode step served by the DecodeBuffer
     # ``mask`` as SDPA's additive form (0 / -inf) per query dtype, made once for all layers:
     # SDPA would convert a bool mask this same way on every call.
     additive_masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
 
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        if self.mask is None:
+            return None
         mask = self.additive_masks.get(dtype)
         if mask is None:
             mask = torch.where(self.mask, 0.0, float("-inf")).to(dtype)
@@ -44,24 +51,27 @@ class _TorchPlan:
         return mask
 
 
-def _build_plan(batch: AttentionBatch, device: torch.device) -> _TorchPlan:
+def _build_plan(batch: AttentionBatch, device: torch.device, kv_lens_list: list[int]) -> _TorchPlan:
     num_rows, max_q, max_kv = batch.num_rows, batch.max_query_len, batch.max_kv_len
     block_size = batch.block_size
-    kv_lens = batch.kv_lens.to(device=device, dtype=torch.int64)
     num_tokens = batch.num_tokens
 
     # The longest row's table holds ceil(max_kv / block_size) blocks, so the padded tables do.
     num_blocks = -(-max_kv // block_size)
     tables = batch.block_tables.to(device=device, dtype=torch.int64)[:, :num_blocks]
-    keys_per_row = num_blocks * block_size
-    key_pos = torch.arange(keys_per_row, device=device)
-    key_valid = key_pos < kv_lens[:, None]
 
     query_gather = query_unpad = None
+    mask: torch.Tensor | None = None
     if max_q == 1 and not batch.has_custom_masks:
-        # Decode: each row's one query sits at kv_len - 1, so it may see every real key.
-        mask = key_valid[:, None, :]
+        # Decode: each row's one query sits at kv_len - 1, so it may see every real key; a
+        # mask is needed only to hide the keys past a shorter row's end.
+        if min(kv_lens_list) < max_kv:
+            kv_lens = batch.kv_lens.to(device=device, dtype=torch.int64)
+            mask = (torch.arange(max_kv, device=device) < kv_lens[:, None])[:, None, :]
     else:
+        kv_lens = batch.kv_lens.to(device=device, dtype=torch.int64)
+        key_pos = torch.arange(max_kv, device=device)
+        key_valid = key_pos < kv_lens[:, None]
         qo_indptr = batch.qo_indptr.to(device=device, dtype=torch.int64)
         q_lens = qo_indptr[1:] - qo_indptr[:-1]
         query_idx = torch.arange(max_q, device=device)
@@ -91,10 +101,11 @@ def _build_plan(batch: AttentionBatch, device: torch.device) -> _TorchPlan:
         num_tokens=num_tokens,
         slot_mapping=batch.slot_mapping.to(device=device, dtype=torch.int64),
         kv_blocks=tables.reshape(-1),
-        keys_per_row=keys_per_row,
+        keys_per_row=num_blocks * block_size,
+        num_keys=max_kv,
         query_gather=query_gather,
         query_unpad=query_unpad,
-        mask=mask.unsqueeze(1),
+        mask=None if mask is None else mask.unsqueeze(1),
     )
 
 
@@ -121,12 +132,13 @@ class TorchAttentionBackend(AttentionBackend):
                 f"batch was built for block_size {batch.block_size}, "
                 f"cache uses {self.kv.block_size}"
             )
-        plan = _build_plan(batch, self.kv.device)
+        kv_lens = batch.kv_lens.tolist()
+        plan = _build_plan(batch, self.kv.device, kv_lens)
         if self._buffer is not None:
             if batch.is_decode_only and self._buffer.fits(plan.num_rows, plan.keys_per_row):
                 rows = tuple((row.request_id, row.stream) for row in batch.rows)
                 tables = plan.kv_blocks.view(plan.num_rows, -1)
-                step = self._buffer.plan(rows, batch.kv_lens.tolist(), plan.keys_per_row, tables)
+                step = self._buffer.plan(rows, kv_lens, plan.keys_per_row, tables)
                 plan = replace(plan, buffer=step)
             else:
                 self._buffer.invalidate()
@@ -147,30 +159,36 @@ class TorchAttentionBackend(AttentionBackend):
         num_q_heads, head_dim = q.shape[1], q.shape[2]
 
         self.kv.write(layer, plan.slot_mapping, k, v)
-        rows, hkv = plan.num_rows, self.kv.num_kv_heads
+        rows, hkv, keys = plan.num_rows, self.kv.num_kv_heads, plan.num_keys
 
-        # Whole blocks [B*Nb, bs, Hkv, D] -> [B, Hkv, Nb*bs, D]; queries padded to [B, Hq, Qmax, D].
+        # Whole blocks [B*Nb, bs, Hkv, D] -> [B, Hkv, keys, D] (a view: the padding past the
+        # longest row is cut off, not copied).
         def gather(cache: torch.Tensor) -> torch.Tensor:
-            blocks = cache.index_select(0, plan.kv_blocks).to(q.dtype)
-            return blocks.view(rows, plan.keys_per_row, hkv, head_dim).transpose(1, 2)
+            blocks = cache.index_select(0, plan.kv_blocks)
+            return blocks.view(rows, plan.keys_per_row, hkv, head_dim)[:, :keys].transpose(1, 2)
 
         if plan.buffer is not None:
             assert self._buffer is not None
-            buffered = self._buffer.keys_values(layer, k, v, plan.keys_per_row)
-            keys, values = (t.to(q.dtype).transpose(1, 2) for t in buffered)
+            keys_t, values_t = self._buffer.keys_values(layer, k, v, keys)
         else:
-            keys = gather(self.kv.k_cache(layer))
-            values = gather(self.kv.v_cache(layer))
-        padded_q = q if plan.query_gather is None else q.index_select(0, plan.query_gather)
-        queries = padded_q.reshape(rows, plan.max_query_len, num_q_heads, head_dim)
+            keys_t, values_t = gather(self.kv.k_cache(layer)), gather(self.kv.v_cache(layer))
+        if keys_t.dtype != q.dtype:  # a cache kept in another dtype than the activations
+            keys_t, values_t = keys_t.to(q.dtype), values_t.to(q.dtype)
+        if plan.query_gather is None and plan.max_query_len == 1:
+            queries = q.unsqueeze(2)  # [T=B, Hq, D] -> [B, Hq, 1, D]: one view, not two
+        else:
+            padded_q = q if plan.query_gather is None else q.index_select(0, plan.query_gather)
+            queries = padded_q.view(rows, plan.max_query_len, num_q_heads, head_dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            queries.transpose(1, 2),
-            keys,
-            values,
+            queries,
+            keys_t,
+            values_t,
             attn_mask=plan.additive_mask(q.dtype),
             scale=scale,
             enable_gqa=num_q_heads != hkv,
         )
+        if plan.max_query_len == 1:
+            return out.squeeze(2)
         out = out.transpose(1, 2).reshape(-1, num_q_heads, head_dim)
         return out if plan.query_unpad is None else out.index_select(0, plan.query_unpad)
 

@@ -66,6 +66,9 @@ class KVCacheManager:
         # masked-out garbage that happens to be NaN would still poison the output (0 * NaN).
         self._k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self._v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        # [num_blocks * block_size, Hkv, D] views (one row per slot) for ``write``, made once.
+        self._k_slots = [t.view(-1, num_kv_heads, head_dim) for t in self._k]
+        self._v_slots = [t.view(-1, num_kv_heads, head_dim) for t in self._v]
         self._streams: dict[RequestId, dict[str, _Stream]] = {}
 
     @staticmethod
@@ -111,9 +114,11 @@ class KVCacheManager:
         self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
         """Store ``k``/``v`` [T, Hkv, D] at flat slots ``block_id * block_size + offset``."""
-        shape = (-1, self.num_kv_heads, self.head_dim)
-        self._k[layer].view(shape).index_copy_(0, slot_mapping, k.to(self.dtype))
-        self._v[layer].view(shape).index_copy_(0, slot_mapping, v.to(self.dtype))
+        # Checked here: a no-op .to() still costs a dispatch, on every layer of every step.
+        if k.dtype != self.dtype or v.dtype != self.dtype:
+            k, v = k.to(self.dtype), v.to(self.dtype)
+        self._k_slots[layer].index_copy_(0, slot_mapping, k)
+        self._v_slots[layer].index_copy_(0, slot_mapping, v)
 
     # ---- usage counters ------------------------------------------------------------------
 
