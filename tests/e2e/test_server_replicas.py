@@ -72,10 +72,17 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
 def reference(toy_checkpoint):
     from mstar import Engine
 
-    with Engine.from_model("toy", weights=toy_checkpoint) as engine:
-        outs = engine.run_batch(
-            [{"inputs": {"prompt_ids": torch.tensor([256, *text.encode()])}, "sampling": s} for text, s in REQUESTS + CONCURRENT]
-        )
+    # One torch thread, as the servers' engines (--engine-threads 1): on some CPUs the
+    # decoder's audio differs in its last bits between thread counts.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with Engine.from_model("toy", weights=toy_checkpoint) as engine:
+            outs = engine.run_batch(
+                [{"inputs": {"prompt_ids": torch.tensor([256, *text.encode()])}, "sampling": s} for text, s in REQUESTS + CONCURRENT]
+            )
+    finally:
+        torch.set_num_threads(threads)
     return [(o.cat("token"), o.cat("audio")) for o in outs]
 
 
