@@ -12,6 +12,11 @@ engine samples through its sampler, the bare loop takes argmaxes.
 
 Prints a table; the ratio is engine / bare (1.0 = no overhead), of wall-clock tokens/s and
 of tokens per CPU second (the process's, all threads: steadier on a shared machine).
+
+``--count-ops`` prints instead, per batch, aten ops (as a TorchDispatchMode sees them) per
+decode step: the LM's layers (``hidden_states``, attention included), one attention call, and
+everything each side runs (the engine's steps, the bare loop's body; prefill and codec
+included) divided by the tokens. Counts do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -21,17 +26,21 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from mstar import Engine
+from mstar.attention.torch_backend import TorchAttentionBackend
 from mstar.model.submodule_base import ModelInputsFromEngine
 from mstar_toy.checkpoint import load_weights, write_checkpoint
 from mstar_toy.config import load_config
 from mstar_toy.decoder import ToyDecoder
 from mstar_toy.lm import ToyLM
 from mstar_toy.plugin import chunk_policy
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class ContiguousCache:
@@ -105,8 +114,61 @@ def engine_run(engine: Engine, prompt_len: int, batch: int, tokens: int) -> floa
     res = engine.run_batch(reqs)
     elapsed = time.perf_counter() - start
     samples = engine.built.config["decoder"]["samples_per_token"]
-    assert all(r.error is None and len(r.cat("token")) == tokens and len(r.cat("audio")) == tokens * samples for r in res)
+    assert all(r.error is None and len(r.cat("token")) == tokens and len(r.cat("audio")) == tokens * samples for r in res), [r.error for r in res][:1]
     return batch * tokens / elapsed
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched while active (in the thread that entered it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def counting(owner: object, name: str, calls: list[int], when: Callable[..., bool] = lambda *a: True) -> Iterator[None]:
+    """While active, ``owner.name(...)`` appends its op count to ``calls`` when ``when(*args)``."""
+    original = getattr(owner, name)
+
+    def wrapped(*args, **kwargs):  # noqa: ANN002, ANN003
+        if not when(*args):
+            return original(*args, **kwargs)
+        with OpCounter() as counter:
+            out = original(*args, **kwargs)
+        calls.append(counter.ops)
+        return out
+
+    setattr(owner, name, wrapped)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def count_ops(engine: Engine, lm: ToyLM, decoder: ToyDecoder, prompt_len: int, batch: int, tokens: int) -> dict[str, tuple[float, float]]:
+    """(engine, bare) aten ops per decode step: the LM's layers, one attention call, all."""
+    # Decode calls only: one token per row (hidden_states(ids, ...), run(layer, q, ...)).
+    decode_lm = lambda _self, ids, *rest: ids.shape[0] == batch  # noqa: E731
+    decode_attn = lambda _self, _layer, q, *rest: q.shape[0] == batch  # noqa: E731
+    sides = {"engine": (TorchAttentionBackend, lambda: engine_run(engine, prompt_len, batch, tokens)),
+             "bare": (ContiguousCache, lambda: bare_loop(lm, decoder, prompt_len, batch, tokens))}
+    out: dict[str, list[float]] = {"layers": [], "attention": [], "all": []}
+    for side, (attention, run) in sides.items():
+        layers: list[int] = []
+        attn: list[int] = []
+        everything: list[int] = []
+        step: tuple[object, str] = (type(engine.core), "step") if side == "engine" else (__import__(__name__), "bare_loop")
+        with counting(ToyLM, "hidden_states", layers, decode_lm), counting(attention, "run", attn, decode_attn), counting(*step, everything):
+            run()
+        out["layers"].append(statistics.median(layers))
+        out["attention"].append(statistics.median(attn))
+        out["all"].append(sum(everything) / tokens)
+    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 def main() -> None:
@@ -117,6 +179,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per batch; medians are printed")
+    ap.add_argument("--count-ops", action="store_true", help="print aten ops per decode step instead of timing")
     args = ap.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
@@ -134,6 +197,13 @@ def main() -> None:
         engine_run(engine, args.prompt, 2, 4)  # warm-up
         bare_loop(lm, decoder, args.prompt, 2, 4)
         print(f"toy LM: {args.layers} layers, hidden {args.hidden}, prompt {args.prompt}, {args.tokens} new tokens, torch threads {torch.get_num_threads()}")
+        if args.count_ops:
+            print("aten ops per decode step, engine / bare: LM layers | one attention call | all (steps incl. prefill and codec, / tokens)")
+            for b in (int(x) for x in args.batches.split(",")):
+                c = count_ops(engine, lm, decoder, args.prompt, b, args.tokens)
+                print(f"batch {b:>2}: " + " | ".join(f"{k} {e:.0f} / {r:.0f}" for k, (e, r) in c.items()))
+            engine.close()
+            return
         print(f"{'batch':>5} | {'bare tok/s':>10} | {'engine tok/s':>12} | {'engine/bare':>11} | {'per CPU s':>9} | load (1 min)")
         for b in (int(x) for x in args.batches.split(",")):
             runs = []
