@@ -94,7 +94,11 @@ class ToyLM(ARNodeSubmodule):
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
         if graph_walk != "prefill":  # the token this node sampled last step: in range by construction
-            ids = signals["token"].reshape(-1).to(torch.long)
+            ids = signals["token"]
+            # Per row and step: skip the no-op reshape/.to() (each still a dispatch) when the
+            # sampled token already is a 1-D long tensor.
+            if ids.dim() != 1 or ids.dtype != torch.long:
+                ids = ids.reshape(-1).to(torch.long)
             return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
         ids = signals["prompt_ids"].reshape(-1).to(torch.long)
         if ids.numel() == 0:
