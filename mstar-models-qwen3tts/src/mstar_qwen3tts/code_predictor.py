@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from mstar_qwen3tts.config import PredictorConfig
-from mstar_qwen3tts.layers import RMSNorm, rope_cos_sin
+from mstar_qwen3tts.layers import RMSNorm, rope_cos_sin, signed_sin
 from mstar_qwen3tts.transformer import DecoderLayer
 
 AUX_LABEL = "code_predictor"
@@ -44,11 +44,23 @@ class CodePredictor(nn.Module):
         self.small_to_mtp_projection: nn.Module = (
             nn.Linear(talker_hidden, cfg.hidden_size, bias=True) if talker_hidden != cfg.hidden_size else nn.Identity()
         )
+        self._rope: dict[tuple[torch.device, torch.dtype], dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, signed sin) per step, by its first position: a frame's positions are the same
+        every frame (0-1, then one per fed-back group), so they are computed once, each by
+        the same call the step would make."""
+        tables = self._rope.get((device, dtype))
+        if tables is None:
+            tables = {}
+            for start, n in [(0, 2), *((p, 1) for p in range(2, self.cfg.num_code_groups))]:
+                cos, sin = rope_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_theta, dtype)
+                tables[start] = cos[:, None, :], signed_sin(sin)[:, None, :]
+            self._rope[(device, dtype)] = tables
+        return tables
 
     def _step(self, x: torch.Tensor, start: int, caches: list[list[torch.Tensor] | None]) -> torch.Tensor:
-        positions = torch.arange(start, start + x.shape[1], device=x.device)
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        cos, sin = cos[:, None, :], sin[:, None, :]
+        cos, sin = self._rope_tables(x.device, x.dtype)[start]
         for i, layer in enumerate(self.model.layers):
             x, caches[i] = layer.forward_dense(x, cos, sin, caches[i])
         return self.model.norm(x[:, -1])

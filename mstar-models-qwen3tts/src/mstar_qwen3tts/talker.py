@@ -27,7 +27,7 @@ from torch import nn
 
 from mstar_qwen3tts.code_predictor import CodePredictor
 from mstar_qwen3tts.config import Qwen3TTSConfig, TalkerConfig
-from mstar_qwen3tts.layers import RMSNorm, rope_cos_sin
+from mstar_qwen3tts.layers import RMSNorm, rope_cos_sin, signed_sin
 from mstar_qwen3tts.transformer import DecoderLayer
 
 PIECEWISE_LABEL = "code_predictor"
@@ -157,7 +157,7 @@ class Talker(ARNodeSubmodule):
     ) -> BatchedModelOutput:
         assert engine_inputs.positions is not None
         cos, sin = rope_cos_sin(engine_inputs.positions, self.cfg.head_dim, self.cfg.rope_theta, input_embeds.dtype)
-        cos, sin = cos[:, None, :], sin[:, None, :]
+        cos, sin = cos[:, None, :], signed_sin(sin)[:, None, :]
         x = input_embeds
         for i, layer in enumerate(self.model.layers):
             x = layer.forward_paged(x, cos, sin, engine_inputs.attention, i)

@@ -1,5 +1,7 @@
 """The Qwen3 decoder layer with QK-norm, used by the talker (paged KV cache through the
-engine's attention backend) and the code predictor (a short dense cache per frame)."""
+engine's attention backend) and the code predictor (a short dense cache per frame).
+
+RoPE tables come in as (cos, ``signed_sin(sin)``) (``mstar_qwen3tts.layers.rotate``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar_qwen3tts.config import TransformerConfig
-from mstar_qwen3tts.layers import GatedMLP, RMSNorm, apply_rope
+from mstar_qwen3tts.layers import GatedMLP, RMSNorm, rms_norm, rotate
 
 
 class QKNormAttention(nn.Module):
@@ -25,14 +27,17 @@ class QKNormAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # per head, before RoPE
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.eps = cfg.rms_norm_eps
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x`` [..., T, H] → q [..., T, Hq, D], k/v [..., T, Hkv, D] with RoPE applied."""
+        """``x`` [..., T, H] → q [..., T, Hq, D], k/v [..., T, Hkv, D] with RoPE applied
+        (``sin``: ``signed_sin`` of the sine table)."""
         lead = x.shape[:-1]
-        q = self.q_norm(self.q_proj(x).view(*lead, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim))
+        # Norm weights read from ``_parameters``: nn.Module's attribute lookup costs ~1 us.
+        q = rms_norm(self.q_proj(x).view(*lead, self.num_heads, self.head_dim), self.q_norm._parameters["weight"], self.eps)
+        k = rms_norm(self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim), self.k_norm._parameters["weight"], self.eps)
         v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
 
     def forward_paged(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Any, layer: int) -> torch.Tensor:
         """Flat tokens [T, H] through the engine's planned paged attention."""

@@ -1,0 +1,107 @@
+"""The talker's cheaper CPU forms compute the same bits as the reference formulas:
+``rms_norm`` (torch's fused kernel) against ``mstar.layers.RMSNorm``, ``rotate`` against
+``apply_rope``, and the code predictor's per-frame RoPE tables against a call per step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mstar.layers import RMSNorm as ReferenceRMSNorm
+from mstar.layers import apply_rope
+from mstar_qwen3tts.code_predictor import CodePredictor
+from mstar_qwen3tts.config import PredictorConfig
+from mstar_qwen3tts.layers import RMSNorm, rope_cos_sin, rotate, signed_sin
+from mstar_qwen3tts.transformer import QKNormAttention
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(8, 1, 128), (8, 1, 4, 32), (3, 256), (37, 6, 8), (5, 24), (2, 7, 1024), (1, 2048)])
+def test_rms_norm_equals_the_reference_formula(shape, threads) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(sum(shape))
+        ref = ReferenceRMSNorm(shape[-1], 1e-6)
+        ours = RMSNorm(shape[-1], 1e-6)
+        with torch.no_grad():
+            ref.weight.copy_(torch.randn(shape[-1], generator=gen))
+            ours.weight.copy_(ref.weight)
+        for scale in (1e-3, 1.0, 40.0):
+            x = torch.randn(shape, generator=gen) * scale
+            assert torch.equal(ours(x), ref(x))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("head_dim", [8, 32, 128])
+def test_rotate_with_the_signed_sine_equals_apply_rope(head_dim) -> None:
+    gen = torch.Generator().manual_seed(head_dim)
+    cos, sin = rope_cos_sin(torch.arange(0, 3000, 7), head_dim, 1_000_000.0, torch.float32)
+    x = torch.randn(cos.shape[0], 4, head_dim, generator=gen) * 5
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    assert torch.equal(rotate(x, cos, signed_sin(sin)), apply_rope(x, cos, sin))
+
+
+def _reference_qkv(attn: QKNormAttention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """The layer's q/k/v by the reference formulas (the code before the cheaper forms)."""
+    lead = x.shape[:-1]
+    q = ReferenceRMSNorm.forward(attn.q_norm, attn.q_proj(x).view(*lead, attn.num_heads, attn.head_dim))
+    k = ReferenceRMSNorm.forward(attn.k_norm, attn.k_proj(x).view(*lead, attn.num_kv_heads, attn.head_dim))
+    v = attn.v_proj(x).view(*lead, attn.num_kv_heads, attn.head_dim)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def _predictor() -> CodePredictor:
+    cfg = PredictorConfig.from_dict({
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 48, "num_code_groups": 6,
+        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "attention_bias": False,
+    }, "test predictor")
+    torch.manual_seed(0)
+    model = CodePredictor(cfg, talker_hidden=80)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def test_attention_qkv_equals_the_reference_formulas() -> None:
+    attn = _predictor().model.layers[0].self_attn
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 3, 64, generator=gen)
+    cos, sin = rope_cos_sin(torch.arange(3), 16, 1_000_000.0, torch.float32)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    got = attn.qkv(x, cos, signed_sin(sin))
+    for a, b in zip(got, _reference_qkv(attn, x, cos, sin), strict=True):
+        assert torch.equal(a, b)
+
+
+class _Argmax:
+    def sample_aux(self, label: str, logits: torch.Tensor):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(tokens=logits.argmax(-1))
+
+
+def test_predictor_rope_tables_equal_a_call_per_step() -> None:
+    model = _predictor()
+    calls: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    for i, layer in enumerate(model.model.layers):
+        orig = layer.forward_dense
+
+        def spy(x, cos, sin, cache, orig=orig, i=i):
+            if i == 0:
+                calls.append((x.shape[1], cos, sin))
+            return orig(x, cos, sin, cache)
+
+        layer.forward_dense = spy  # type: ignore[method-assign]
+    gen = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        model(torch.randn(5, 80, generator=gen), torch.randn(5, 80, generator=gen), _Argmax())
+    start = 0
+    assert [n for n, _, _ in calls] == [2, 1, 1, 1, 1]
+    for n, cos, sin in calls:
+        want_cos, want_sin = rope_cos_sin(torch.arange(start, start + n), 16, 1_000_000.0, torch.float32)
+        assert torch.equal(cos, want_cos[:, None, :]) and torch.equal(sin, signed_sin(want_sin)[:, None, :])
+        start += n
