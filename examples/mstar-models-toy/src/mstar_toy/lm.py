@@ -113,7 +113,10 @@ class ToyLM(ARNodeSubmodule):
 
     def forward_batched(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, input_ids: torch.Tensor) -> BatchedModelOutput:
         hidden = self.hidden_states(input_ids, engine_inputs)
-        last = hidden[engine_inputs.last_token_index.long()]
+        assert engine_inputs.qo_indptr is not None
+        # One token per row (decode): every token is its row's last, so no index and copy.
+        one_per_row = hidden.shape[0] == engine_inputs.qo_indptr.shape[0] - 1
+        last = hidden if one_per_row else hidden[engine_inputs.last_token_index.long()]
         out = engine_inputs.run_region("head", self.sample_head, {"hidden": last})
         codes = torch.stack([out["token"], out["residual"]], dim=-1)
         rows = {"token": out["token"][:, None], "codes": codes[:, None, :]}
