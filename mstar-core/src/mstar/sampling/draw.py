@@ -18,8 +18,10 @@ few dozen gathered logits; rows with top_k, top_p or min_p order only a candidat
 (the top groups of ``vocab_groups``, then a ``topk`` of the row) that grows until it
 provably holds everything they keep, and draw over the kept tokens alone. top_p without
 top_k needs the vocabulary's mass: bounds from the group maxima settle the cut for most
-rows, and only the others pay one more pass to sum it. Rows without any filter draw over
-the whole vocabulary. Elsewhere (CUDA) the draw is branch-free and sync-free so it can
+rows, and only the others pay one more pass to sum it. Over a vocabulary too small for any
+candidate level (a few thousand ids, e.g. a TTS codebook), rows with top_k alone find
+their cut with one ``topk`` of the row instead of a full sort. Rows without any filter draw
+over the whole vocabulary. Elsewhere (CUDA) the draw is branch-free and sync-free so it can
 be captured in a graph: argmax for every row, and the same math over the whole
 vocabulary (a full sort only when a row uses top_k/top_p).
 """
@@ -331,6 +333,28 @@ def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
     raise AssertionError("the last level holds the whole vocabulary")
 
 
+def _whole_row_first(vocab: int, max_k: int) -> bool:
+    """Whether the candidate levels start with the whole vocabulary (small vocabularies,
+    e.g. a TTS codebook of a few thousand ids): no candidate set is smaller than the row."""
+    return next(_levels(vocab, max_k))[0] == "all"
+
+
+def _draw_top_k(x: Tensor, temperature: Tensor, top_k: Tensor, u: Tensor, divide: bool) -> Tensor:
+    """Tokens [b] of rows with top_k and no other filter, over a small vocabulary.
+
+    What ``_draw_full`` with its full sort draws for them, without the sort: their cut
+    is the k-th largest scaled logit (``_cut`` with top_p off and min_p 0; ``topk``
+    returns the row's own values, so it is the same float), every id at or above it is
+    kept, ties included, and the inverse CDF runs over the kept weights in vocabulary
+    order. ``temperature`` float32 [b, 1], ``top_k`` int64 [b, 1] (> 0), ``u`` float64 [b].
+    """
+    vocab = x.shape[1]
+    d = _scaled(x, x.amax(dim=1, keepdim=True), temperature, divide)
+    k = top_k.clamp(max=vocab)
+    thresh = torch.topk(d, int(k.max()), dim=1, sorted=True).values.gather(1, k - 1)
+    return inverse_cdf(torch.where(d >= thresh, d.exp(), 0.0), u, host=True)
+
+
 def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
     """Rows split by kind; each kind pays only for what it needs."""
     batch = x.shape[0]
@@ -342,6 +366,10 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
     sampled = [i for i in range(batch) if temps[i] != 0]
     filtered = [i for i in sampled if top_k[i] > 0 or top_p[i] < 1 or min_p[i] > 0]
     plain = [i for i in sampled if top_k[i] <= 0 and top_p[i] >= 1 and min_p[i] <= 0]
+    top_k_only: list[int] = []
+    if filtered and _whole_row_first(x.shape[1], max(top_k[i] for i in filtered)):
+        top_k_only = [i for i in filtered if top_k[i] > 0 and top_p[i] >= 1 and min_p[i] <= 0]
+        filtered = [i for i in filtered if not (top_k[i] > 0 and top_p[i] >= 1 and min_p[i] <= 0)]
     tokens = torch.empty(batch, dtype=torch.int64)
 
     def part(idx: list[int]) -> tuple[Tensor, Tensor]:
@@ -351,6 +379,15 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
     if greedy:
         sel, xs = part(greedy)
         tokens[sel] = _greedy(VocabGroups.of(xs))
+    if top_k_only:
+        sel, xs = part(top_k_only)
+
+        def col(t: Tensor) -> Tensor:
+            return t if len(top_k_only) == batch else t.index_select(0, sel)
+
+        u = uniform(col(st.seed), col(st.step))
+        divide = any(temps[i] != 1 for i in top_k_only)
+        tokens[sel] = _draw_top_k(xs, col(st.temperature).unsqueeze(1), col(st.top_k).unsqueeze(1), u, divide)
     if filtered or plain:
         rows_all = _Rows.of(st, st.temperature)
     if filtered:
