@@ -55,6 +55,22 @@ def check_against_reference(logits: torch.Tensor, rows: list[SamplingParams], se
     return compared
 
 
+def check_alone_and_reference(logits: torch.Tensor, rows: list[SamplingParams], seeds, steps, batch: torch.Tensor) -> int:
+    """Each row sampled alone draws what it drew in ``batch``, and what the reference draws
+    (rows whose reference draw is ambiguous are skipped); returns how many were compared."""
+    compared = 0
+    for i, p in enumerate(rows):
+        one = SamplingTensors.from_rows([p], seeds[i : i + 1], steps[i : i + 1])
+        assert Sampler().sample(logits[i : i + 1], one).tokens.item() == batch[i].item()
+        try:
+            want = reference_draw(logits[i].numpy(), p.temperature, p.top_k, p.top_p, p.min_p, seeds[i], steps[i])
+        except Ambiguous:
+            continue
+        assert batch[i].item() == want, (i, p)
+        compared += 1
+    return compared
+
+
 @pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
 @pytest.mark.parametrize("vocab", [1000, 20_011])
 def test_fast_paths_draw_what_the_reference_draws(kind, vocab):

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mstar.sampling import Sampler, SamplingParams, SamplingTensors, draw
-from sampling_reference import Ambiguous, reference_draw
-from test_sampling_fast_paths import logits_of
+from test_sampling_fast_paths import check_alone_and_reference, logits_of
 
 PARAMS = [
     dict(temperature=0.9, top_k=50), dict(temperature=1.0, top_k=50), dict(temperature=0.7, top_k=1),
@@ -47,17 +46,7 @@ def test_top_k_rows_draw_what_the_full_sort_and_the_reference_draw(monkeypatch, 
     assert calls == [15]  # the top_k-only rows, in one call
     assert torch.equal(batch, full_sort_tokens(monkeypatch, x, st))
     assert torch.equal(batch, draw.draw_branch_free(x, st))
-    compared = 0
-    for i, p in enumerate(rows):
-        one = SamplingTensors.from_rows([p], seeds[i : i + 1], steps[i : i + 1])
-        assert Sampler().sample(x[i : i + 1], one).tokens.item() == batch[i].item()
-        try:
-            want = reference_draw(x[i].numpy(), p.temperature, p.top_k, p.top_p, p.min_p, seeds[i], steps[i])
-        except Ambiguous:
-            continue
-        assert batch[i].item() == want, (i, p)
-        compared += 1
-    assert compared >= 0.8 * len(rows)
+    assert check_alone_and_reference(x, rows, seeds, steps, batch) >= 0.8 * len(rows)
 
 
 def test_large_vocabularies_keep_the_candidate_levels(monkeypatch):
