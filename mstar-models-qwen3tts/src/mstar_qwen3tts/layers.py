@@ -1,8 +1,8 @@
 """Building blocks shared by the talker, the code predictor and the codec decoder.
 
 The talker's step runs thousands of small ops per frame (the code predictor's depth loop),
-so on the CPU in float32 two of them take cheaper forms that compute the same bits:
-``rms_norm`` is torch's fused kernel, and RoPE rotates with one ``roll`` against a sine table
+so it uses forms of two that compute the same bits for fewer ops: core's ``rms_norm``
+(torch's fused kernel on the CPU in float32), and RoPE rotating with one ``roll`` against a sine table
 whose first half is negated (``signed_sin``, ``rotate``) instead of slicing, negating and
 concatenating each head (tests/qwen3tts/test_qwen3tts_fused_layers.py). One matmul over
 concatenated q/k/v or gate/up weights was tried and not kept: on this CPU it saved ~4 us a
@@ -14,34 +14,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from mstar.layers import RMSNorm as _ReferenceRMSNorm
-from mstar.layers import apply_rope
+from mstar.layers import RMSNorm, apply_rope
+from mstar.layers.norm import rms_norm
 from torch import nn
 
 __all__ = [
     "GatedMLP", "RMSNorm", "apply_rope", "rope_cos_sin", "rotate", "rms_norm", "signed_sin",
 ]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight`` [D] times ``x`` RMS-normalised over its last dim (of size D).
-
-    Float32 on the CPU: torch's fused kernel, bit-identical there to the Llama formula below
-    (tested), ~10 us instead of ~14 for a few rows. Elsewhere the formula: normalise in
-    float32, scale in the input dtype.
-    """
-    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu":
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-class RMSNorm(_ReferenceRMSNorm):
-    """``mstar.layers.RMSNorm`` (same parameter, same values) through ``rms_norm``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
