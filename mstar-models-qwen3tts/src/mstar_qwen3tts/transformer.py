@@ -27,7 +27,6 @@ class QKNormAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # per head, before RoPE
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.eps = cfg.rms_norm_eps
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` [..., T, H] → q [..., T, Hq, D], k/v [..., T, Hkv, D] with RoPE applied
