@@ -101,9 +101,10 @@ class OpCounter(TorchDispatchMode):
 
 
 def test_equal_length_decode_rows_match_dense_sdpa_bitwise() -> None:
-    """Rows of one length: no mask and no block padding, so each row's output is exactly a
-    dense SDPA over its contiguous keys (what a bare loop computes), buffered or gathered.
-    Rows of different lengths: the longest row still is; the others match to rounding."""
+    """Rows of one length: no mask and no block padding, so the output is exactly one dense
+    SDPA over the rows' contiguous keys (what a bare loop computes), buffered or gathered.
+    Rows of different lengths: the longest row equals its per-row dense SDPA exactly, the
+    others to rounding."""
     hq, hkv, dim, block_size = 8, 4, 64, 16
     gen = torch.Generator().manual_seed(3)
     for lengths in ([21, 21, 21], [5, 37, 12]):
@@ -127,6 +128,14 @@ def test_equal_length_decode_rows_match_dense_sdpa_bitwise() -> None:
                 backend.plan(batch)
                 assert (backend._plan.mask is None) == (len(set(lengths)) == 1)
                 out = backend.run(0, q, k, v)
+                if len(set(lengths)) == 1:
+                    # The bare loop's call: one SDPA over the rows' contiguous keys, batched
+                    # (same shape, so the same work split over threads, whatever their number).
+                    keys = torch.stack([hk for hk, _ in history]).transpose(1, 2)
+                    values = torch.stack([hv for _, hv in history]).transpose(1, 2)
+                    dense = F.scaled_dot_product_attention(q[:, :, None], keys, values, enable_gqa=True)[:, :, 0]
+                    assert torch.equal(out, dense), (lengths, step)
+                    continue
                 for b, (hk, hv) in enumerate(history):
                     dense = F.scaled_dot_product_attention(
                         q[b][None, :, None], hk.transpose(0, 1)[None], hv.transpose(0, 1)[None], enable_gqa=True
