@@ -221,11 +221,12 @@ def test_killing_one_replica_fails_only_its_requests(modality):
         threading.Thread(target=_sse_events, args=(modality.url, "/v1/audio/speech", long_speech, speech_events, started[0])),
         threading.Thread(target=_sse_events, args=(modality.url, "/v1/chat/completions", long_chat, text_events, started[1])),
     ]
-    for t in threads:
-        t.start()
-    for ev in started:
-        assert ev.wait(60), modality.log_tail()
     victim = modality.engine_pids()["both/1"]
+    # Text first, then speech, then the kill at once: a 480-token toy stream can end within
+    # a second, so the speech stream must not wait on the text stream's start.
+    for t, ev in zip(reversed(threads), reversed(started), strict=True):
+        t.start()
+        assert ev.wait(60), modality.log_tail()
     os.kill(victim, signal.SIGKILL)
     # Reaped at once; its restart waits a back-off of 1 s: meanwhile the server is up.
     assert wait_for(lambda: not modality.health().json()["engines"]["both/1"]["alive"]), modality.log_tail()
