@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from mstar.engine.errors import classify_error
 from mstar.engine.executors import LOGITS, LoadedNode, NodeExecutionError, Row
 from mstar.engine.kv_history import KVHistory
+from mstar.engine.overlap import OverlapWorker
 from mstar.engine.request import Request, RequestOutput, RequestStatus, step_key
 from mstar.engine.scheduler import EngineStats, Scheduler, SchedulerConfig
 from mstar.engine.scheduling_policy import SchedulingPolicy
@@ -52,7 +52,7 @@ class EngineCore:
         self._walk_signals = {
             w: {o for st in iter_steps(walk.body) for o in st.outputs} for w, walk in graph.walks.items()
         }
-        self._overlap_pool: ThreadPoolExecutor | None = None
+        self.overlap = OverlapWorker()
         self.idle = False
         # Partitions run here only when all their nodes are placed here; streams from or
         # into other partitions cross processes through push_stream / stream events.
@@ -97,16 +97,23 @@ class EngineCore:
             req.aborted = True
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.overlap.inflight)
 
     # ---- the loop -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self._harvest(wait=False)
         self._reap_aborted()
         self._admit()
         groups = self.scheduler.ready_groups()
-        self.idle = not groups  # nothing could run: only new input can change that
-        if groups:
-            self._run_groups([(k, groups[k]) for k in self.scheduler.pick_groups(groups)])
+        busy = self.overlap.busy_node
+        runnable = {k: v for k, v in groups.items() if k[0] != busy}  # type: ignore[index]
+        # Nothing could run: only new input can change that.
+        self.idle = not groups and self.overlap.inflight is None
+        if runnable:
+            keys = self.scheduler.pick_groups(runnable)
+            self._run_groups([(k, runnable[k]) for k in keys[: 1 if busy else None]])
+        elif busy is not None:
+            self._harvest(wait=True)  # only the worker's node has work: wait for it
         self._finish_done_requests()
         out, self._outputs = self._outputs, []
         return out
@@ -143,9 +150,11 @@ class EngineCore:
 
     # ---- running a group ------------------------------------------------------------
     def _run_groups(self, picked: list[tuple[Hashable, list]]) -> None:
-        """Run the picked groups; a second group (always on another node) runs on a worker
-        thread while the first runs here, so e.g. a codec overlaps the LM. Rows are built
-        and completed one group after the other, on this thread."""
+        """Run the picked groups. With two (``overlap_nodes``, always on two nodes) one goes
+        to the worker thread and runs on across steps while this thread runs the other, so
+        e.g. a codec call overlaps several LM steps; a stateless node's batch (a codec's or
+        an encoder's, longer than an LM step) is the one handed over. Rows are built and
+        completed on this thread."""
         plans = []
         for key, ready in picked:
             node, group_walk, rows = self.scheduler.build_batch(key, ready)
@@ -155,21 +164,31 @@ class EngineCore:
                 self.stats.forwards_by_group[f"{node.name}:{group_walk}"] += 1
                 self.stats.last_batch_size = len(rows)
         if len(plans) == 2:
-            if self._overlap_pool is None:
-                self._overlap_pool = ThreadPoolExecutor(1, thread_name_prefix="mstar-overlap")
-            second = self._overlap_pool.submit(_execute, *plans[1])
-            results = [_execute(*plans[0]), second.result()]
-        else:
-            results = [_execute(*plan) for plan in plans]
-        for (node, _, rows), res in zip(plans, results, strict=True):
-            for row in rows:
-                out = res.get(row.req.id)
-                if row.req.status is not RequestStatus.RUNNING:
-                    continue  # failed while the other group was being built
-                if isinstance(out, BaseException):
-                    self.fail(row.req, out, "internal")
-                elif out is not None:
-                    self._complete_row(node, row, out)
+            if plans[0][0].kind is EngineKind.STATELESS and plans[1][0].kind is not EngineKind.STATELESS:
+                plans.reverse()
+            self.overlap.submit(_execute, *plans[1])
+            plans = plans[:1]
+        for node, walk, rows in plans:
+            self._complete_rows(node, rows, _execute(node, walk, rows))
+
+    def _harvest(self, wait: bool) -> None:
+        """Complete the worker's batch once it has finished (``wait``: block until then)."""
+        done = self.overlap.take(wait)
+        if done is None:
+            return
+        self._complete_rows(done.node, done.rows, done.future.result())
+        for req in done.deferred:
+            self._free(req)
+
+    def _complete_rows(self, node: LoadedNode, rows: list[Row], res: dict[str, object]) -> None:
+        for row in rows:
+            out = res.get(row.req.id)
+            if row.req.status is not RequestStatus.RUNNING:
+                continue  # failed or aborted meanwhile
+            if isinstance(out, BaseException):
+                self.fail(row.req, out, "internal")
+            elif out is not None:
+                self._complete_row(node, row, out)  # type: ignore[arg-type]
 
     # ---- after the forward ----------------------------------------------------------
     def _complete_row(self, node: LoadedNode, row: Row, outputs: dict[str, torch.Tensor]) -> None:
@@ -297,6 +316,15 @@ class EngineCore:
 
     def _release(self, req: Request) -> None:
         req.status = RequestStatus.FINISHED
+        inflight = self.overlap.inflight
+        if inflight is not None and self.overlap.holds(req.id):
+            # Its batch is on the worker: out of the scheduler now, resources freed after.
+            self.scheduler.release(req, None)
+            inflight.deferred.append(req)
+            return
+        self._free(req)
+
+    def _free(self, req: Request) -> None:
         self.scheduler.release(req, req.slots.pop("__slot__", None))
         for node in self.nodes.values():
             if node.kv is not None:

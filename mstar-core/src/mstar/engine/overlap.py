@@ -1,0 +1,70 @@
+"""A second node's batch on a worker thread, running across the engine's steps.
+
+With ``overlap_nodes`` the engine hands one batch at a time to this worker (e.g. a codec
+call) and goes on stepping the other nodes (e.g. the LM) on its own thread until the
+worker is done; it never waits for the worker while something else can run. Only the
+forward runs on the worker: the engine builds the batch before and completes its rows
+after, on its own thread, so requests, streams and caches change on one thread only.
+
+A request whose batch is on the worker may still fail or be aborted meanwhile: it leaves
+the scheduler at once, but what the worker may still touch (cache blocks, sampler slot,
+per-request state) is freed only once the worker has finished (``deferred``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mstar.engine.executors import LoadedNode, Row
+    from mstar.engine.request import Request
+
+
+@dataclass
+class InFlight:
+    node: LoadedNode
+    walk: str
+    rows: list[Row]
+    future: Future
+    request_ids: frozenset[str]
+    deferred: list[Request] = field(default_factory=list)
+
+
+class OverlapWorker:
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self.inflight: InFlight | None = None
+        self.batches = 0  # batches run on the worker so far
+
+    @property
+    def busy_node(self) -> str | None:
+        return None if self.inflight is None else self.inflight.node.name
+
+    def holds(self, request_id: str) -> bool:
+        return self.inflight is not None and request_id in self.inflight.request_ids
+
+    def submit(self, run: Callable[..., dict], node: LoadedNode, walk: str, rows: list[Row]) -> None:
+        assert self.inflight is None, "one batch at a time on the worker"
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mstar-overlap")
+        future = self._pool.submit(run, node, walk, rows)
+        self.inflight = InFlight(node, walk, rows, future, frozenset(r.req.id for r in rows))
+        self.batches += 1
+
+    def take(self, wait: bool) -> InFlight | None:
+        """The finished batch (its future done), or None: none in flight, or (``wait``
+        False) still running."""
+        inflight = self.inflight
+        if inflight is None or (not wait and not inflight.future.done()):
+            return None
+        inflight.future.exception()  # waits; a raise surfaces in the caller's .result()
+        self.inflight = None
+        return inflight
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

@@ -1,0 +1,102 @@
+"""overlap_nodes: the decoder's batch runs on a worker thread across several LM steps, the
+LM never waits for it, and a request that ends while its batch is on the worker frees its
+resources only once the worker is done."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from mstar.engine.request import Request
+from toy_reference import GREEDY, prompts
+
+from test_mixed_and_piecewise import SAMPLED, run
+
+HOLD_S = 10.0  # upper bound on how long a held decoder call waits for the LM
+
+
+def hold_decoder_until_lm_steps(engine, lm_steps: int) -> list[int]:
+    """Make each decoder forward wait until the LM has run ``lm_steps`` more forwards (or
+    HOLD_S passed); returns, per decoder forward, how many LM forwards ran meanwhile."""
+    lm, dec = engine.core.nodes["lm"], engine.core.nodes["decoder"]
+    lm_run, dec_run = lm.executor.run, dec.executor.run
+    count = [0]
+    moved = threading.Condition()
+    during: list[int] = []
+
+    def counting_lm(walk, rows):
+        out = lm_run(walk, rows)
+        with moved:
+            count[0] += 1
+            moved.notify_all()
+        return out
+
+    def held_decoder(walk, rows):
+        start = count[0]
+        with moved:
+            moved.wait_for(lambda: count[0] - start >= lm_steps or not lm_has_work(), timeout=HOLD_S)
+        during.append(count[0] - start)
+        return dec_run(walk, rows)
+
+    lm_partition = engine.core.graph.walks["decode"].partition
+
+    def lm_has_work() -> bool:  # the LM may finish before the held call is released
+        return any(not r.cursors[lm_partition].done for r in list(engine.core.running.values()))
+
+    lm.executor.run, dec.executor.run = counting_lm, held_decoder
+    return during
+
+
+def test_decoder_batch_spans_several_lm_steps(make_engine):
+    ps = prompts(6, seed=11)
+    on, off = make_engine(overlap_nodes=True), make_engine(overlap_nodes=False)
+    during = hold_decoder_until_lm_steps(on, 3)
+    for sampling in (GREEDY, SAMPLED):
+        a, b = run(on, ps, sampling), run(off, ps, sampling)
+        assert [t for t, _ in a] == [t for t, _ in b]
+        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
+    # While a decoder call was held, the LM went on stepping on the engine's thread.
+    assert max(during) >= 3, during
+    assert on.core.overlap.batches > 0
+
+
+def test_request_aborted_while_on_the_worker_frees_after(make_engine):
+    engine = make_engine(overlap_nodes=True)
+    core = engine.core
+    dec = core.nodes["decoder"]
+    dec_run, emit, free = dec.executor.run, core._emit, core._free
+    events: list[str] = []
+    on_worker, aborted = threading.Event(), threading.Event()
+
+    def held_decoder(walk, rows):
+        if threading.current_thread().name.startswith("mstar-overlap") and not on_worker.is_set():
+            on_worker.set()
+            assert aborted.wait(HOLD_S)  # the request ends while its batch is here
+            events.append("worker done")
+        return dec_run(walk, rows)
+
+    def recording_emit(out):
+        if out.finished:
+            events.append(f"finished {out.finish_reason}")
+            aborted.set()
+        emit(out)
+
+    def recording_free(req):
+        events.append(f"freed {req.id}, {core.nodes['lm'].kv.num_tokens(req.id, 'main')} cached")
+        free(req)
+
+    dec.executor.run, core._emit, core._free = held_decoder, recording_emit, recording_free
+    long = {**GREEDY, "main": {**GREEDY["main"], "max_tokens": 64}}  # chunks come while the LM decodes
+    core.add_request(Request("r0", {"prompt_ids": prompts(1, seed=2)[0]}, {}, engine.make_sampling(long), 0))
+    while not on_worker.is_set():
+        core.step()
+    assert core.overlap.holds("r0")
+    core.abort("r0")
+    while core.has_work():
+        core.step()
+    # Finished once (not again when the worker's batch came back), freed only after it did.
+    assert events[0] == "finished abort" and events[1] == "worker done", events
+    assert events[2].startswith("freed r0,") and not events[2].endswith(" 0 cached"), events
+    assert len(events) == 3, events
+    kv = core.nodes["lm"].kv
+    assert kv.num_free_blocks == kv.num_blocks and "r0" not in core.running
