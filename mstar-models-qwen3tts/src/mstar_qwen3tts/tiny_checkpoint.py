@@ -240,7 +240,9 @@ def _normalize_output(cfg: Any, decoder: dict[str, torch.Tensor], target_std: fl
     with torch.inference_mode():
         node.decoder(codes)
     handle.remove()
-    scale = target_std / float(seen[0].std())
+    # Rounded to two digits: the forward's last bits differ between CPUs and thread counts,
+    # and the written checkpoint (whose digest the parity fixtures check) must not.
+    scale = float(f"{target_std / float(seen[0].std()):.2g}")
     prefix = f"decoder.decoder.{len(node.decoder.decoder) - 1}.conv"
     for key in (f"{prefix}.weight", f"{prefix}.bias"):
         decoder[key] = decoder[key] * scale
