@@ -2,7 +2,7 @@
 
 import torch
 from mstar.sampling import MAX_SEED, random_bits, uniform
-from mstar.sampling.counter_rng import mix64
+from mstar.sampling.counter_rng import mix64, uniform_host
 from sampling_reference import GAMMA, U64, counter_bits, splitmix64_mix
 
 
@@ -49,3 +49,13 @@ def test_uniform_is_elementwise_in_seed_and_step():
         assert torch.equal(alone, batch[i : i + 1])
     # Different seed or step -> different value.
     assert len(set(batch.tolist())) == 5
+
+
+def test_uniform_host_equals_uniform_bit_for_bit():
+    # Edge seeds (0, -1, the int64 extremes) and steps near the wrap-around of step + 1.
+    gen = torch.Generator().manual_seed(5)
+    seeds = [0, 1, -1, MAX_SEED, -(2**63), 2**63 - 1, *torch.randint(-(2**63), 2**63 - 1, (200,), generator=gen).tolist()]
+    steps = [0, 1, 2**63 - 2, 2**40 + 3, *torch.randint(0, 2**62, (202,), generator=gen).tolist()]
+    want = uniform(torch.tensor(seeds), torch.tensor(steps)).tolist()
+    got = uniform_host(seeds, steps)
+    assert [w.hex() for w in want] == [g.hex() for g in got]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from mstar.sampling.counter_rng import uniform
+from mstar.sampling.counter_rng import uniform, uniform_host
 from mstar.sampling.tensors import SamplingTensors
 from mstar.sampling.vocab_groups import GROUP, TopGroups, VocabGroups
 
@@ -86,13 +86,14 @@ class _Rows:
     u: Tensor  # float64 [b]
 
     @classmethod
-    def of(cls, st: SamplingTensors, temperature: Tensor) -> _Rows:
+    def of(cls, st: SamplingTensors, temperature: Tensor, u: Tensor | None = None) -> _Rows:
+        """``u``: the rows' ``uniform(seed, step)`` when the caller has it already."""
         return cls(
             temperature.unsqueeze(1),
             st.top_k.unsqueeze(1),
             st.top_p.unsqueeze(1),
             ceil_to_float32(st.min_p.unsqueeze(1)),
-            uniform(st.seed, st.step),
+            uniform(st.seed, st.step) if u is None else u,
         )
 
     def take(self, rows: Tensor) -> _Rows:
@@ -339,30 +340,33 @@ def _whole_row_first(vocab: int, max_k: int) -> bool:
     return next(_levels(vocab, max_k))[0] == "all"
 
 
-def _draw_top_k(x: Tensor, temperature: Tensor, top_k: Tensor, u: Tensor, divide: bool) -> Tensor:
+def _draw_top_k(x: Tensor, temperature: Tensor, top_k: Tensor, u: Tensor, divide: bool, max_k: int) -> Tensor:
     """Tokens [b] of rows with top_k and no other filter, over a small vocabulary.
 
     What ``_draw_full`` with its full sort draws for them, without the sort: their cut
     is the k-th largest scaled logit (``_cut`` with top_p off and min_p 0; ``topk``
     returns the row's own values, so it is the same float), every id at or above it is
     kept, ties included, and the inverse CDF runs over the kept weights in vocabulary
-    order. ``temperature`` float32 [b, 1], ``top_k`` int64 [b, 1] (> 0), ``u`` float64 [b].
+    order. ``temperature`` float32 [b, 1], ``top_k`` int64 [b, 1] (> 0), ``u`` float64 [b];
+    ``max_k`` is the largest of ``top_k`` (known on the host).
     """
     vocab = x.shape[1]
     d = _scaled(x, x.amax(dim=1, keepdim=True), temperature, divide)
     k = top_k.clamp(max=vocab)
-    thresh = torch.topk(d, int(k.max()), dim=1, sorted=True).values.gather(1, k - 1)
+    thresh = torch.topk(d, min(max_k, vocab), dim=1, sorted=True).values.gather(1, k - 1)
     return inverse_cdf(torch.where(d >= thresh, d.exp(), 0.0), u, host=True)
 
 
 def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
-    """Rows split by kind; each kind pays only for what it needs."""
+    """Rows split by kind; each kind pays only for what it needs. Host reads are free on
+    the CPU: the rows' parameters are read once, and their uniforms computed in Python
+    integers (``uniform_host``, the same bits as ``uniform``)."""
     batch = x.shape[0]
     temps = st.temperature.tolist()
     top_k = st.top_k.tolist()
     top_p = st.top_p.tolist()
-    greedy = [i for i in range(batch) if temps[i] == 0]
     min_p = st.min_p.tolist()
+    greedy = [i for i in range(batch) if temps[i] == 0]
     sampled = [i for i in range(batch) if temps[i] != 0]
     filtered = [i for i in sampled if top_k[i] > 0 or top_p[i] < 1 or min_p[i] > 0]
     plain = [i for i in sampled if top_k[i] <= 0 and top_p[i] >= 1 and min_p[i] <= 0]
@@ -370,35 +374,49 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
     if filtered and _whole_row_first(x.shape[1], max(top_k[i] for i in filtered)):
         top_k_only = [i for i in filtered if top_k[i] > 0 and top_p[i] >= 1 and min_p[i] <= 0]
         filtered = [i for i in filtered if not (top_k[i] > 0 and top_p[i] >= 1 and min_p[i] <= 0)]
-    tokens = torch.empty(batch, dtype=torch.int64)
+    u_all: Tensor | None = None
+    if sampled:
+        u_all = torch.tensor(uniform_host(st.seed.tolist(), st.step.tolist()), dtype=torch.float64)
+    parts: list[tuple[list[int], Tensor]] = []
 
-    def part(idx: list[int]) -> tuple[Tensor, Tensor]:
+    def rows_of(idx: list[int]) -> tuple[Tensor | None, Tensor]:
+        """(their index, or None for the whole batch; their logits)."""
+        if len(idx) == batch:
+            return None, x
         sel = torch.tensor(idx, dtype=torch.int64)
-        return sel, (x if len(idx) == batch else x.index_select(0, sel))
+        return sel, x.index_select(0, sel)
+
+    def col(t: Tensor, sel: Tensor | None) -> Tensor:
+        return t if sel is None else t.index_select(0, sel)
 
     if greedy:
-        sel, xs = part(greedy)
-        tokens[sel] = _greedy(VocabGroups.of(xs))
+        sel, xs = rows_of(greedy)
+        parts.append((greedy, _greedy(VocabGroups.of(xs))))
     if top_k_only:
-        sel, xs = part(top_k_only)
-
-        def col(t: Tensor) -> Tensor:
-            return t if len(top_k_only) == batch else t.index_select(0, sel)
-
-        u = uniform(col(st.seed), col(st.step))
+        assert u_all is not None
+        sel, xs = rows_of(top_k_only)
         divide = any(temps[i] != 1 for i in top_k_only)
-        tokens[sel] = _draw_top_k(xs, col(st.temperature).unsqueeze(1), col(st.top_k).unsqueeze(1), u, divide)
+        drawn = _draw_top_k(xs, col(st.temperature, sel).unsqueeze(1), col(st.top_k, sel).unsqueeze(1),
+                            col(u_all, sel), divide, max(top_k[i] for i in top_k_only))
+        parts.append((top_k_only, drawn))
     if filtered or plain:
-        rows_all = _Rows.of(st, st.temperature)
+        rows_all = _Rows.of(st, st.temperature, u_all)
     if filtered:
-        sel, xs = part(filtered)
+        sel, xs = rows_of(filtered)
         divide = any(temps[i] != 1 for i in filtered)
-        tokens[sel] = _filtered(VocabGroups.of(xs), rows_all.take(sel), divide)
+        rows = rows_all if sel is None else rows_all.take(sel)
+        parts.append((filtered, _filtered(VocabGroups.of(xs), rows, divide)))
     if plain:
-        sel, xs = part(plain)
+        sel, xs = rows_of(plain)
         divide = any(temps[i] != 1 for i in plain)
         m = xs.amax(dim=1, keepdim=True)
-        tokens[sel] = _draw_full(xs, m, rows_all.take(sel), None, cut=False, divide=divide, host=True)
+        rows = rows_all if sel is None else rows_all.take(sel)
+        parts.append((plain, _draw_full(xs, m, rows, None, cut=False, divide=divide, host=True)))
+    if len(parts) == 1:
+        return parts[0][1]  # one kind of row: its draw is the batch's, in order
+    tokens = torch.empty(batch, dtype=torch.int64)
+    for idx, drawn in parts:
+        tokens[torch.tensor(idx, dtype=torch.int64)] = drawn
     return tokens
 
 
