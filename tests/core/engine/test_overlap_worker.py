@@ -8,9 +8,8 @@ import threading
 
 import torch
 from mstar.engine.request import Request
-from toy_reference import GREEDY, prompts
-
 from test_mixed_and_piecewise import SAMPLED, run
+from toy_reference import GREEDY, prompts
 
 HOLD_S = 10.0  # upper bound on how long a held decoder call waits for the LM
 

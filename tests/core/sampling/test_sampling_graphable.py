@@ -175,3 +175,27 @@ def test_restore_undoes_the_penalty_history():
     first = run(4)
     graph.restore(slots, snap)
     assert run(4) == first
+
+
+def test_repeated_slot_ids_draw_as_fresh_ones_and_see_slot_changes():
+    """Draws with one ``slot_ids`` object several times (a depth loop) equal draws with a new
+    tensor each time, also after a slot of the batch was re-registered with other params."""
+    vocab, gen = 64, torch.Generator().manual_seed(3)
+    logits = [torch.randn(2, vocab, generator=gen) for _ in range(6)]
+    hot, cold = CudaGraphableSampler(4, vocab), CudaGraphableSampler(4, vocab)
+    first = [SamplingParams(temperature=0.9, top_k=5), SamplingParams(temperature=0.0)]
+    later = SamplingParams(temperature=1.3, top_p=0.8)
+    for s in (hot, cold):
+        for slot, p in enumerate(first):
+            s.add_request(slot, p, seed=11 + slot)
+    slots = torch.tensor([0, 1])
+    got, want = [], []
+    for i, x in enumerate(logits):
+        if i == 3:  # slot 1 changes hands between two draws of the same batch
+            for s in (hot, cold):
+                s.remove_request(1)
+                s.add_request(1, later, seed=99)
+        got.append(hot.sample(x, slots).tokens)
+        want.append(cold.sample(x, torch.tensor([0, 1])).tokens)
+    assert [t.tolist() for t in got] == [t.tolist() for t in want]
+    assert len({t[1] for t in torch.stack(want[3:]).tolist()}) > 1  # slot 1 sampled, not greedy

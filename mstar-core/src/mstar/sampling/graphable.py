@@ -9,6 +9,7 @@ buffers are settled (pass ``preallocate_history=True`` before capturing).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -76,6 +77,10 @@ class CudaGraphableSampler:
         self._max_top_logprobs = 0
         self._any_sampled = False
         self._any_logprobs = False
+        # The last stage()'s slot ids and their gathered parameters: a model that draws
+        # several times a step for one batch (a code predictor's depth loop) gathers them
+        # once; only the step counters are gathered again. Cleared when a slot changes.
+        self._staged: tuple[Tensor, SamplingTensors] | None = None
 
     # ---- registration (host side, once per request) ----
 
@@ -161,12 +166,15 @@ class CudaGraphableSampler:
     # ---- per step (device side, no host sync) ----
 
     def stage(self, slot_ids: Tensor) -> SamplingTensors:
-        """Gather the batch rows' parameters from the slot buffers."""
+        """Gather the batch rows' parameters from the slot buffers (only their step
+        counters, when the same ``slot_ids`` object was staged last and no slot changed)."""
         def g(buf: Tensor) -> Tensor:
             return buf.index_select(0, slot_ids)
 
         step = g(self._step)
-        return SamplingTensors(
+        if self._staged is not None and self._staged[0] is slot_ids:
+            return dataclasses.replace(self._staged[1], step=step, num_generated=step)
+        staged = SamplingTensors(
             temperature=g(self._temperature),
             top_k=g(self._top_k),
             top_p=g(self._top_p),
@@ -185,6 +193,8 @@ class CudaGraphableSampler:
             any_sampled=self._any_sampled,
             any_logprobs=self._any_logprobs,
         )
+        self._staged = (slot_ids, staged)
+        return staged
 
     def sample(
         self, logits: Tensor, slot_ids: Tensor, advance: Tensor | None = None
@@ -193,7 +203,9 @@ class CudaGraphableSampler:
 
         Rows with ``advance`` True (default: all) then move to their next step
         and have the token counted in their history. ``slot_ids`` must name
-        registered, distinct slots; that is not checked, as it would need a sync.
+        registered, distinct slots; that is not checked, as it would need a sync. A
+        ``slot_ids`` tensor must not be changed in place between calls: the rows'
+        parameters are gathered once per ``slot_ids`` object (see ``stage``).
         """
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
             raise ValueError(
@@ -286,6 +298,7 @@ class CudaGraphableSampler:
             self._stop_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
 
     def _refresh_hints(self) -> None:
+        self._staged = None
         params = self._active.values()
         self._needs_sort = any(p.uses_top_k_or_p for p in params)
         self._max_top_logprobs = max((p.top_logprobs for p in params), default=0)
