@@ -61,6 +61,12 @@ class CodecNode(NodeSubmodule):
     def get_autocast_dtype(self) -> torch.dtype:
         return torch.float32
 
+    def max_batch_size(self, graph_walk: str) -> int | None:
+        # One forward decodes at most one fixed-size call's rows: on a worker thread beside
+        # the talker (overlap_nodes), each forward's audio goes out as soon as it is done
+        # instead of after every ready chunk was decoded (the time to first audio under load).
+        return max(self.batch, self.first_batch)
+
     def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
         # Batch shape changes conv rounding: only fixed-size calls keep a seeded request's
         # audio byte-identical whatever else the server is doing (see decode_chunks).
