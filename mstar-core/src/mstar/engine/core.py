@@ -156,6 +156,7 @@ class EngineCore:
         an encoder's, longer than an LM step) is the one handed over. Rows are built and
         completed on this thread."""
         plans = []
+        first = False
         for key, ready in picked:
             node, group_walk, rows = self.scheduler.build_batch(key, ready)
             if rows:
@@ -167,9 +168,14 @@ class EngineCore:
             if plans[0][0].kind is EngineKind.STATELESS and plans[1][0].kind is not EngineKind.STATELESS:
                 plans.reverse()
             self.overlap.submit(_execute, *plans[1])
+            # A stream's first chunk is a request's first output (its time to first audio):
+            # this step waits for it, as the worker then runs alone once this thread is done.
+            first = any(r.req.streams[s].consumed == 0 for r in plans[1][2] for s in r.prepared.stream_ends)
             plans = plans[:1]
         for node, walk, rows in plans:
             self._complete_rows(node, rows, _execute(node, walk, rows))
+        if first:
+            self._harvest(wait=True)
 
     def _harvest(self, wait: bool) -> None:
         """Complete the worker's batch once it has finished (``wait``: block until then)."""
