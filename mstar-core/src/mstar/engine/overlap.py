@@ -2,7 +2,8 @@
 
 With ``overlap_nodes`` the engine hands one batch at a time to this worker (e.g. a codec
 call) and goes on stepping the other nodes (e.g. the LM) on its own thread until the
-worker is done; it never waits for the worker while something else can run. Only the
+worker is done; it waits for the worker only when nothing else can run, or when the batch
+holds a stream's first chunk (a request's first audio: ``EngineCore._run_groups``). Only the
 forward runs on the worker: the engine builds the batch before and completes its rows
 after, on its own thread, so requests, streams and caches change on one thread only.
 
