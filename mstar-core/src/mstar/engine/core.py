@@ -322,11 +322,9 @@ class EngineCore:
 
     def _release(self, req: Request) -> None:
         req.status = RequestStatus.FINISHED
-        inflight = self.overlap.inflight
-        if inflight is not None and self.overlap.holds(req.id):
+        if self.overlap.defer(req):
             # Its batch is on the worker: out of the scheduler now, resources freed after.
             self.scheduler.release(req, None)
-            inflight.deferred.append(req)
             return
         self._free(req)
 

@@ -47,6 +47,14 @@ class OverlapWorker:
     def holds(self, request_id: str) -> bool:
         return self.inflight is not None and request_id in self.inflight.request_ids
 
+    def defer(self, req: Request) -> bool:
+        """Keep ``req``'s resources until the batch on the worker returns, if it holds the
+        request; whether it did."""
+        if self.inflight is None or req.id not in self.inflight.request_ids:
+            return False
+        self.inflight.deferred.append(req)
+        return True
+
     def submit(self, run: Callable[..., dict], node: LoadedNode, walk: str, rows: list[Row]) -> None:
         assert self.inflight is None, "one batch at a time on the worker"
         if self._pool is None:
@@ -64,8 +72,3 @@ class OverlapWorker:
         inflight.future.exception()  # waits; a raise surfaces in the caller's .result()
         self.inflight = None
         return inflight
-
-    def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None

@@ -390,7 +390,7 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
         return t if sel is None else t.index_select(0, sel)
 
     if greedy:
-        sel, xs = rows_of(greedy)
+        _, xs = rows_of(greedy)
         parts.append((greedy, _greedy(VocabGroups.of(xs))))
     if top_k_only:
         assert u_all is not None
