@@ -8,7 +8,8 @@ the residual code with the same modules, dtype and threads, and the toy's codec 
 row's codes chunk by chunk (the stream's chunk policy, one chunk per call, as the engine runs
 it). What differs: the engine's attention reads a paged cache (through its decode buffer) with
 keys padded to whole blocks and a mask, where the bare loop slices its contiguous cache; the
-engine samples through its sampler, the bare loop takes argmaxes.
+engine samples through its sampler, the bare loop takes argmaxes. Both use MKL-packed
+linears (``mstar.layers.packed_linear``, the engine's default on CPU) unless ``--unpacked``.
 
 Prints a table; the ratio is engine / bare (1.0 = no overhead), of wall-clock tokens/s and
 of tokens per CPU second (the process's, all threads: steadier on a shared machine).
@@ -34,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from mstar import Engine
 from mstar.attention.torch_backend import TorchAttentionBackend
+from mstar.layers.packed_linear import pack_linears
 from mstar.model.submodule_base import ModelInputsFromEngine
 from mstar_toy.checkpoint import load_weights, write_checkpoint
 from mstar_toy.config import load_config
@@ -180,6 +182,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per batch; medians are printed")
     ap.add_argument("--count-ops", action="store_true", help="print aten ops per decode step instead of timing")
+    ap.add_argument("--unpacked", action="store_true", help="plain F.linear on both sides (cpu_packed_linears=False)")
     args = ap.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
@@ -193,7 +196,10 @@ def main() -> None:
         decoder = ToyDecoder(load_config(ckpt))
         load_weights(decoder, ckpt, "decoder.")
         decoder.eval()
-        engine = Engine.from_model("toy", weights=ckpt, kv_budget_bytes=1 << 30, max_num_seqs=64)
+        if not args.unpacked:  # what the engine does to its nodes' modules on CPU
+            pack_linears(lm)
+            pack_linears(decoder)
+        engine = Engine.from_model("toy", weights=ckpt, kv_budget_bytes=1 << 30, max_num_seqs=64, cpu_packed_linears=not args.unpacked)
         engine_run(engine, args.prompt, 2, 4)  # warm-up
         bare_loop(lm, decoder, args.prompt, 2, 4)
         print(f"toy LM: {args.layers} layers, hidden {args.hidden}, prompt {args.prompt}, {args.tokens} new tokens, torch threads {torch.get_num_threads()}")

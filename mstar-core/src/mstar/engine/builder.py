@@ -16,6 +16,7 @@ from mstar.engine.mixed_batches import validate_mixed_batches
 from mstar.engine.piecewise import PiecewiseRunner
 from mstar.graph import EngineKind, GraphSpec
 from mstar.kv import KVCacheManager
+from mstar.layers.packed_linear import pack_linears
 from mstar.model.spec import ModelConfig, ModelSpec, NodeSamplers
 from mstar.model.submodule_base import ARNodeSubmodule
 from mstar.sampling import MultiSampler
@@ -34,6 +35,7 @@ class EngineConfig:
     mixed_batches: bool = True
     overlap_nodes: bool = False  # opt-in: a second node's batch runs beside the first (LM + codec)
     piecewise_graphs: bool = True
+    cpu_packed_linears: bool = True  # on CPU: MKL-packed weights for 16-32-row linears (layers.packed_linear)
     attention_backend: str | None = None  # "torch" / "flashinfer"; None picks by device
     nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all
 
@@ -79,6 +81,8 @@ def build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineCo
     for name in placed:
         sub = factories[name](config, checkpoint_dir, str(device))
         sub.eval()
+        if device.type == "cpu" and engine_config.cpu_packed_linears:
+            log.debug("node %s: %d linear layers packed for MKL", name, pack_linears(sub))
         node = LoadedNode(name, graph.nodes[name].kind, sub, device)
         if node.kind is EngineKind.KV_CACHE:
             if not isinstance(sub, ARNodeSubmodule):
