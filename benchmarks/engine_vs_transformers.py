@@ -15,6 +15,8 @@ Throughput is useful tokens per second: the requested outputs, whatever extra st
 side computes (padding, rows that finished). Printed as ratios to the engine (of wall
 time, and of the process's CPU seconds, steadier on a shared machine), then the
 share of the engine's run spent in the sampler and ``sampler_cost``'s per-step shares.
+``--unpacked`` also runs the engine with ``cpu_packed_linears=False`` (plain ``F.linear``
+everywhere, ``mstar.layers.packed_linear``) and prints its ratio to the default engine.
 The machine may be shared: run it on a quiet one, and read the numbers as noisy.
 """
 
@@ -74,8 +76,8 @@ def sampler_time() -> Iterator[list[float]]:
         MultiSampler.sample = original  # type: ignore[method-assign]
 
 
-def run_engine(ckpt: Path, work: list[tuple[torch.Tensor, int]]) -> tuple[float, list[list[int]], float, float]:
-    engine = Engine.from_model("orpheus", weights=ckpt, kv_budget_bytes=1 << 30, max_num_seqs=64)
+def run_engine(ckpt: Path, work: list[tuple[torch.Tensor, int]], packed: bool = True) -> tuple[float, list[list[int]], float, float]:
+    engine = Engine.from_model("orpheus", weights=ckpt, kv_budget_bytes=1 << 30, max_num_seqs=64, cpu_packed_linears=packed)
 
     def request(prompt: torch.Tensor, out: int) -> dict:
         main = {"temperature": 0, "top_p": 1.0, "repetition_penalty": 1.0, "max_tokens": out,
@@ -146,6 +148,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--skip-one-by-one", action="store_true")
     ap.add_argument("--skip-sampler-cost", action="store_true")
+    ap.add_argument("--unpacked", action="store_true", help="also the engine with cpu_packed_linears=False")
     args = ap.parse_args()
     torch.manual_seed(0)
     work = workload(args.requests)
@@ -166,6 +169,10 @@ def main() -> None:
         static_s, static_tokens, static_cpu = hf_static(model, work)
         print(f"transformers static batch: {static_s:.1f} s ({static_cpu:.1f} CPU s), {useful / static_s:.1f} tok/s", flush=True)
         rows = [("transformers static batch", static_s, static_cpu, static_tokens)]
+        if args.unpacked:
+            plain_s, plain_tokens, _, plain_cpu = run_engine(ckpt, work, packed=False)
+            print(f"mstar.Engine, cpu_packed_linears off: {plain_s:.1f} s ({plain_cpu:.1f} CPU s), {useful / plain_s:.1f} tok/s", flush=True)
+            rows.append(("engine, packed linears off", plain_s, plain_cpu, plain_tokens))
         if not args.skip_one_by_one:
             single_s, single_tokens, single_cpu = hf_one_by_one(model, work)
             print(f"transformers one at a time: {single_s:.1f} s ({single_cpu:.1f} CPU s), {useful / single_s:.1f} tok/s", flush=True)
