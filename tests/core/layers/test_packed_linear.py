@@ -9,7 +9,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mstar.layers import packed_linear as packed
-from mstar.layers.packed_linear import PackedLinear, pack_linears, packed_linear
+from mstar.layers import vocab_logits
+from mstar.layers.packed_linear import (
+    PackedLinear,
+    claimed,
+    pack_linears,
+    packed_copy,
+    packed_linear,
+)
 
 pytestmark = pytest.mark.skipif(not packed.available(), reason="this torch build has no MKL packed linear")
 
@@ -90,6 +97,19 @@ def test_pack_linears_changes_only_plain_float32_linears():
     assert list(model.state_dict()) == keys
 
 
+def test_vocab_head_packs_only_a_claimed_weight():
+    embed = nn.Embedding(20_000, 64)  # a tied head: the embedding's weight
+    h = _rand(8, 64, seed=8)
+    with torch.inference_mode():
+        want = F.linear(h, embed.weight)
+        torch.testing.assert_close(vocab_logits(h, embed.weight), want, rtol=1e-5, atol=1e-5)
+        assert packed_copy(embed.weight) is None  # never claimed: the plain path
+        assert pack_linears(embed) == 0 and claimed(embed.weight)
+        got = vocab_logits(h, embed.weight)
+    assert packed_copy(embed.weight) is not None
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_engine_packs_its_cpu_nodes(tmp_path, on):
     from mstar import Engine
@@ -98,8 +118,11 @@ def test_engine_packs_its_cpu_nodes(tmp_path, on):
     ckpt = write_checkpoint(tmp_path / "toy")
     engine = Engine.from_model("toy", weights=ckpt, kv_budget_bytes=8 << 20, cpu_packed_linears=on)
     try:
-        linears = [m for node in engine.core.nodes.values() for m in node.submodule.modules() if isinstance(m, nn.Linear)]
+        mods = [m for node in engine.core.nodes.values() for m in node.submodule.modules()]
+        linears = [m for m in mods if isinstance(m, nn.Linear)]
         assert linears and all((type(m) is PackedLinear) == on for m in linears)
+        embeddings = [m for m in mods if isinstance(m, nn.Embedding)]
+        assert embeddings and all(claimed(m.weight) == on for m in linears + embeddings)
         out = engine.run_batch([{"inputs": {"prompt_ids": torch.arange(3, 40) % 200}, "sampling": {"main": {"temperature": 0, "max_tokens": 4}}}])
         assert out[0].error is None and len(out[0].cat("token")) == 4
     finally:

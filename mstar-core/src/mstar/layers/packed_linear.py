@@ -22,7 +22,9 @@ equal in every bit on that host).
 
 Used only on CPU, for float32, with MKL present, and when autograd is off (the packed op
 has no backward). ``pack_linears`` turns a module's ``nn.Linear`` layers into
-``PackedLinear`` (same parameters, same state dict); ``EngineConfig.cpu_packed_linears``
+``PackedLinear`` (same parameters, same state dict) and claims its linear and embedding
+weights, so that ``vocab_logits`` packs a claimed head weight (a tied one is the
+embedding's); an unclaimed weight is never packed there. ``EngineConfig.cpu_packed_linears``
 (on by default) applies it to every node an engine loads on CPU.
 """
 
@@ -38,9 +40,10 @@ PACK_ROWS = 32  # the row count every packed call has
 LAYER_MIN_ROWS = 16  # below this, F.linear is faster for layer-sized weights
 HEAD_MIN_ROWS = 2  # a vocabulary-sized head gains from 2 rows up (1 row is a GEMV)
 
-# id(weight) -> (a weak reference to it, its version when packed, the packed copy). Keyed
-# by identity (tensors compare elementwise); the reference's callback drops the entry.
-_packed: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+# id(weight) -> (a weak reference to it, its version when packed, the packed copy or None
+# while claimed but not packed yet). Keyed by identity (tensors compare elementwise); the
+# reference's callback drops the entry.
+_packed: dict[int, tuple[weakref.ref, int, torch.Tensor | None]] = {}
 
 
 def available() -> bool:
@@ -61,14 +64,33 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
+def _entry(weight: torch.Tensor) -> tuple[weakref.ref, int, torch.Tensor | None] | None:
+    hit = _packed.get(id(weight))
+    return hit if hit is not None and hit[0]() is weight else None
+
+
+def _store(weight: torch.Tensor, version: int, packed: torch.Tensor | None) -> None:
     key = id(weight)
-    hit = _packed.get(key)
-    if hit is not None and hit[0]() is weight and hit[1] == weight._version:
-        return hit[2]
-    with torch.inference_mode(False), torch.no_grad():
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), PACK_ROWS)
-    _packed[key] = (weakref.ref(weight, lambda _, key=key: _packed.pop(key, None)), weight._version, packed)
+    _packed[key] = (weakref.ref(weight, lambda _, key=key: _packed.pop(key, None)), version, packed)
+
+
+def claimed(weight: torch.Tensor) -> bool:
+    """Whether ``pack_linears`` (or a packed call) has taken ``weight`` in."""
+    return _entry(weight) is not None
+
+
+def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight``'s current packed copy, if one has been made."""
+    hit = _entry(weight)
+    return hit[2] if hit is not None and hit[1] == weight._version else None
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    packed = packed_copy(weight)
+    if packed is None:
+        with torch.inference_mode(False), torch.no_grad():
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), PACK_ROWS)
+        _store(weight, weight._version, packed)
     return packed
 
 
@@ -101,12 +123,21 @@ class PackedLinear(nn.Linear):
 def pack_linears(module: nn.Module) -> int:
     """Turn every plain ``nn.Linear`` under ``module`` whose weight is float32 on CPU into a
     ``PackedLinear`` in place (the object, its parameters and state-dict keys stay; only
-    its class changes). Returns how many were changed; 0 where MKL's packed op is missing."""
+    its class changes), and claim those weights and the float32 CPU ``nn.Embedding``
+    weights for ``vocab_logits`` (packed lazily, on a first call in range). Returns how
+    many linears were changed; 0 where MKL's packed op is missing."""
     if not _AVAILABLE:
         return 0
     changed = 0
     for sub in module.modules():
-        if type(sub) is nn.Linear and sub.weight.device.type == "cpu" and sub.weight.dtype == torch.float32:
+        if type(sub) not in (nn.Linear, nn.Embedding):
+            continue
+        weight = sub.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            continue
+        if not claimed(weight):
+            _store(weight, -1, None)
+        if type(sub) is nn.Linear:
             sub.__class__ = PackedLinear
             changed += 1
     return changed

@@ -7,9 +7,10 @@ whole of ``W`` (hundreds of MB) on every call: on a 2-core CPU, at V = 156,940, 
 that copy was about half of an Orpheus-sized decode step. ``W @ h.T`` puts the small
 matrix on the right, so only ``h`` is packed and ``W`` is streamed once; one transposing
 copy of the [rows, V] result follows. ``benchmarks/engine_vs_transformers.py`` measures
-what it buys end to end. Where MKL's packed GEMM is present, 2-32 rows take
-``packed_linear`` instead (a packed copy of ``W``, made once; no transposing copy), which
-was faster again on that host (see ``mstar.layers.packed_linear``).
+what it buys end to end. Where MKL's packed GEMM is present and ``W`` was claimed by
+``pack_linears`` (an engine on CPU does that unless ``cpu_packed_linears`` is off), 2-32
+rows take ``packed_linear`` instead (a packed copy of ``W``, made once; no transposing
+copy), which was faster again on that host (see ``mstar.layers.packed_linear``).
 
 The result equals ``F.linear`` up to float summation order (both orders are exact dot
 products of the same rows; MKL may block them differently). Elsewhere (CUDA, one row, a
@@ -34,7 +35,7 @@ def vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     rows = hidden.numel() // hidden.shape[-1] if hidden.shape[-1] else 0
     if hidden.device.type != "cpu" or weight.shape[0] < _MIN_VOCAB or not 1 < rows <= _MAX_ROWS:
         return F.linear(hidden, weight, bias)
-    if packed.HEAD_MIN_ROWS <= rows <= packed.PACK_ROWS and packed.usable(hidden, weight):
+    if packed.HEAD_MIN_ROWS <= rows <= packed.PACK_ROWS and packed.claimed(weight) and packed.usable(hidden, weight):
         return packed.packed_linear(hidden, weight, bias)
     flat = hidden.reshape(rows, hidden.shape[-1])
     out = torch.mm(weight, flat.t()).t().contiguous()
