@@ -8,7 +8,7 @@ the residual code with the same modules, dtype and threads, and the toy's codec 
 row's codes chunk by chunk (the stream's chunk policy, one chunk per call, as the engine runs
 it). What differs: the engine's attention reads a paged cache (through its decode buffer) with
 keys padded to whole blocks and a mask, where the bare loop slices its contiguous cache; the
-engine samples through its sampler, the bare loop takes argmaxes. Both use MKL-packed
+engine samples through its sampler, the bare loop takes argmaxes. Both use oneDNN-packed
 linears (``mstar.layers.packed_linear``, the engine's default on CPU) unless ``--unpacked``.
 
 Prints a table; the ratio is engine / bare (1.0 = no overhead), of wall-clock tokens/s and

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from mstar.layers.packed_linear import linear
 from torch import nn
 
 from mstar_qwen3tts.config import TransformerConfig
@@ -89,8 +90,9 @@ class DecoderLayer(nn.Module):
 
 
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # core's linear: the packed weight where the engine packed the node (CPU), else F.linear.
     p = module._parameters
-    return F.linear(x, p["weight"], p["bias"])
+    return linear(x, p["weight"], p["bias"])  # type: ignore[arg-type]
 
 
 def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

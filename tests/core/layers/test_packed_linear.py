@@ -1,6 +1,7 @@
-"""``packed_linear``: linears through MKL's packed weights compute what ``F.linear`` does,
-give a row the same bits whatever the rest of its batch, follow in-place weight changes,
-stay out of autograd, and are what an engine on CPU runs."""
+"""``packed_linear``: linears through oneDNN's packed weights compute what ``F.linear``
+does, give a row the same bits whatever the rest of its batch, follow in-place weight
+changes, stay out of autograd, leave small weights alone, and are what an engine on CPU
+runs."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from mstar.layers import vocab_logits
 from mstar.layers.packed_linear import (
     PackedLinear,
     claimed,
+    linear,
     pack_linears,
     packed_copy,
     packed_linear,
 )
 
-pytestmark = pytest.mark.skipif(not packed.available(), reason="this torch build has no MKL packed linear")
+pytestmark = pytest.mark.skipif(not packed.available(), reason="this torch build has no oneDNN packed linear")
 
 
 def _rand(*shape: int, seed: int) -> torch.Tensor:
@@ -27,13 +29,13 @@ def _rand(*shape: int, seed: int) -> torch.Tensor:
 
 def _layer(seed: int = 0, bias: bool = True) -> nn.Linear:
     torch.manual_seed(seed)
-    return nn.Linear(96, 384, bias=bias)
+    return nn.Linear(192, 384, bias=bias)  # 73,728 weights: at least MIN_PACK_ELEMENTS
 
 
-@pytest.mark.parametrize("rows", [1, 15, 16, 20, 32, 33, 64])
+@pytest.mark.parametrize("rows", [1, 7, 16, 33, 300])
 def test_packed_layer_equals_linear(rows):
     layer = _layer()
-    x = _rand(rows, 96, seed=rows)
+    x = _rand(rows, 192, seed=rows)
     with torch.no_grad():
         want = F.linear(x, layer.weight, layer.bias)
     pack_linears(layer)
@@ -45,29 +47,31 @@ def test_packed_layer_equals_linear(rows):
 
 def test_leading_dims_without_bias():
     layer = _layer(bias=False)
-    x = _rand(2, 10, 96, seed=1)  # 20 rows: the packed range
+    x = _rand(2, 10, 192, seed=1)
     with torch.inference_mode():
         got = packed_linear(x, layer.weight)
         torch.testing.assert_close(got, F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
     assert got.shape == (2, 10, 384)
 
 
-def test_a_row_gets_the_same_bits_whatever_its_batch():
-    # Every packed call has PACK_ROWS rows, so a row's arithmetic cannot depend on how many
-    # real rows share it (plain F.linear gives this shape different bits at 1 and 32 rows).
-    layer = _layer(seed=2)
-    x = _rand(packed.PACK_ROWS, 96, seed=3)
+@pytest.mark.parametrize("shape", [(384, 192), (1000, 70), (257, 513)])
+def test_a_row_gets_the_same_bits_whatever_its_batch(shape):
+    # A row's arithmetic must not depend on how many rows share its call (plain F.linear
+    # gives rows different bits at different row counts on some CPUs).
+    torch.manual_seed(2)
+    weight, bias = torch.randn(*shape) * 0.1, torch.randn(shape[0])
+    x = _rand(300, shape[1], seed=3)
     with torch.inference_mode():
-        full = packed_linear(x, layer.weight, layer.bias)
-        for n in (1, 5, 17, 31):
-            assert torch.equal(packed_linear(x[:n], layer.weight, layer.bias), full[:n]), n
-        assert torch.equal(packed_linear(x[7:8], layer.weight, layer.bias)[0], full[7])
+        alone = torch.cat([packed_linear(x[i : i + 1], weight, bias) for i in range(300)])
+        for n in (2, 5, 8, 17, 31, 32, 33, 64, 100, 300):
+            assert torch.equal(packed_linear(x[:n], weight, bias), alone[:n]), n
+        assert torch.equal(packed_linear(x[150:190], weight, bias), alone[150:190])
 
 
 def test_in_place_weight_change_is_followed():
     layer = _layer(seed=4)
     pack_linears(layer)
-    x = _rand(24, 96, seed=5)
+    x = _rand(24, 192, seed=5)
     with torch.inference_mode():
         layer(x)  # packs the weight
     with torch.no_grad():
@@ -79,7 +83,7 @@ def test_in_place_weight_change_is_followed():
 def test_autograd_takes_plain_linear():
     layer = _layer(seed=6)
     pack_linears(layer)
-    x = _rand(24, 96, seed=7).requires_grad_()
+    x = _rand(24, 192, seed=7).requires_grad_()
     layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
     torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(24, -1))
@@ -89,12 +93,28 @@ def test_pack_linears_changes_only_plain_float32_linears():
     class Custom(nn.Linear):
         pass
 
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)), Custom(4, 4), nn.Linear(4, 4).double())
+    model = nn.Sequential(
+        nn.Linear(256, 256), nn.ReLU(), nn.Sequential(nn.Linear(256, 512)), Custom(256, 256),
+        nn.Linear(256, 256).double(), nn.Linear(256, 255),  # 65,280 weights: below MIN_PACK_ELEMENTS
+    )
     keys = list(model.state_dict())
     assert pack_linears(model) == 2
-    assert [type(m).__name__ for m in model] == ["PackedLinear", "ReLU", "Sequential", "Custom", "Linear"]
+    assert [type(m).__name__ for m in model] == ["PackedLinear", "ReLU", "Sequential", "Custom", "Linear", "Linear"]
     assert type(model[2][0]) is PackedLinear
+    assert not claimed(model[5].weight) and claimed(model[0].weight)
     assert list(model.state_dict()) == keys
+
+
+def test_linear_packs_only_a_claimed_weight():
+    # What model code that computes layers from their parameters calls (the Qwen3-TTS talker).
+    layer, other = _layer(seed=9), _layer(seed=10)
+    x = _rand(8, 192, seed=11)
+    pack_linears(layer)
+    with torch.inference_mode():
+        got, plain = linear(x, layer.weight, layer.bias), linear(x, other.weight, other.bias)
+    assert packed_copy(layer.weight) is not None and packed_copy(other.weight) is None
+    torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert torch.equal(plain, F.linear(x, other.weight, other.bias))
 
 
 def test_vocab_head_packs_only_a_claimed_weight():
@@ -115,14 +135,16 @@ def test_engine_packs_its_cpu_nodes(tmp_path, on):
     from mstar import Engine
     from mstar_toy.checkpoint import write_checkpoint
 
-    ckpt = write_checkpoint(tmp_path / "toy")
+    ckpt = write_checkpoint(tmp_path / "toy", hidden_size=256, intermediate_size=512)
     engine = Engine.from_model("toy", weights=ckpt, kv_budget_bytes=8 << 20, cpu_packed_linears=on)
     try:
         mods = [m for node in engine.core.nodes.values() for m in node.submodule.modules()]
-        linears = [m for m in mods if isinstance(m, nn.Linear)]
-        assert linears and all((type(m) is PackedLinear) == on for m in linears)
-        embeddings = [m for m in mods if isinstance(m, nn.Embedding)]
-        assert embeddings and all(claimed(m.weight) == on for m in linears + embeddings)
+        big = [m for m in mods if isinstance(m, nn.Linear | nn.Embedding) and m.weight.numel() >= packed.MIN_PACK_ELEMENTS]
+        small = [m for m in mods if isinstance(m, nn.Linear | nn.Embedding) and m.weight.numel() < packed.MIN_PACK_ELEMENTS]
+        assert any(isinstance(m, nn.Linear) for m in big) and small
+        assert all((type(m) is PackedLinear) == on for m in big if isinstance(m, nn.Linear))
+        assert all(claimed(m.weight) == on for m in big) and not any(claimed(m.weight) for m in small)
+        assert not any(type(m) is PackedLinear for m in small)
         out = engine.run_batch([{"inputs": {"prompt_ids": torch.arange(3, 40) % 200}, "sampling": {"main": {"temperature": 0, "max_tokens": 4}}}])
         assert out[0].error is None and len(out[0].cat("token")) == 4
     finally:

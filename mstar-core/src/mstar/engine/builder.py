@@ -35,7 +35,7 @@ class EngineConfig:
     mixed_batches: bool = True
     overlap_nodes: bool = False  # opt-in: a second node's batch runs beside the first (LM + codec)
     piecewise_graphs: bool = True
-    cpu_packed_linears: bool = True  # on CPU: MKL-packed weights for 16-32-row linears (layers.packed_linear)
+    cpu_packed_linears: bool = True  # on CPU: oneDNN-packed weights for linears and heads (layers.packed_linear)
     attention_backend: str | None = None  # "torch" / "flashinfer"; None picks by device
     nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all
 
@@ -82,7 +82,7 @@ def build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineCo
         sub = factories[name](config, checkpoint_dir, str(device))
         sub.eval()
         if device.type == "cpu" and engine_config.cpu_packed_linears:
-            log.debug("node %s: %d linear layers packed for MKL", name, pack_linears(sub))
+            log.debug("node %s: %d linear layers packed for oneDNN", name, pack_linears(sub))
         node = LoadedNode(name, graph.nodes[name].kind, sub, device)
         if node.kind is EngineKind.KV_CACHE:
             if not isinstance(sub, ARNodeSubmodule):

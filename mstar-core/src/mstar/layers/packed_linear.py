@@ -1,31 +1,33 @@
-"""Linear layers on CPU with weights packed once for MKL, for decode-sized batches.
+"""Linear layers on CPU through weights packed once for oneDNN.
 
-For ``x @ W.T`` with 16-32 rows, MKL's ``sgemm`` takes a slow path on this kind of CPU:
-it repacks ``W`` on every call. On the 2-core host used for ``benchmarks/`` (torch 2.13,
-MKL 2024.2, two threads), a [2048, 512] layer took 0.67-0.83 ms per call at 16-32 rows and
-0.37 ms at 12. MKL's packed GEMM (``cblas_sgemm_pack``, reached as
-``torch.ops.mkl._mkl_linear``) packs ``W`` once for a fixed row count; called with 32 rows
-it took 0.38-0.42 ms, so we pad 16-32 rows to 32 (the pad rows are zeros, their outputs are
-dropped). For a vocabulary-sized head ([156,940, 512]) it beats the transposed GEMM of
-``vocab_head`` from 2 rows up (33-38 ms at 2-32 rows, against 40-53 ms plus a transposing
-copy). Above 32 rows (prefill) plain ``F.linear`` was as fast, and below 16 rows faster
-for layer-sized weights, so those calls are left alone.
+``F.linear`` on CPU calls MKL's ``sgemm``, which repacks the weight on every call. For the
+decode-sized calls a serving step makes (one to a few dozen rows against a weight that is
+no longer in cache) that repacking, not the arithmetic, sets the time. oneDNN's inner-product
+primitive on a weight reordered once into its blocked layout (``mkldnn::_reorder_linear_weight``
+and ``mkldnn::_linear_pointwise``, the ops torch's own CPU compiler uses for frozen
+weights) streams the weight instead. On the 2-core AMD EPYC host of ``benchmarks/``
+(torch 2.13, two threads, 2026-12-02): the six layers of the Qwen3-TTS mid checkpoint's
+talker took 2.7 ms against 4.9 ms for ``F.linear`` at 8 rows, eight Llama layers of width
+512 9.6 against 16.4 ms at 8 rows and 168 against 226 ms at 512, a vocabulary head of
+[156,940, 512] 14.9 ms against 56 ms at 8 rows and 29 against 87 ms at 32 (and against
+75 ms for MKL's own packed GEMM, which this module used before).
 
-What it costs: a packed copy of each weight (about 1.27x its bytes), made on the first
-call in the packed range and kept while the weight lives (a weak cache keyed by the
-weight; an in-place change of the weight repacks it).
+What it costs: a packed copy of each weight it touches (about the weight's bytes), made on
+the first packed call and kept while the weight lives (a weak cache keyed by the weight;
+an in-place change of the weight repacks it).
 
-What it changes numerically: nothing beyond float summation order. Within the packed range
-a row's outputs are bit-identical whatever the other rows hold, because every call has the
-same shape; the packed path and ``F.linear`` agree to float rounding (at 32 rows they were
-equal in every bit on that host).
+What it changes numerically: float summation order against ``F.linear`` (relative
+differences of ~1e-6). A row's outputs are bit-identical whatever the other rows of its
+call hold and however many there are, at a fixed thread count
+(``tests/core/layers/test_packed_linear.py`` checks 1-300 rows); plain ``F.linear`` does
+not promise that.
 
-Used only on CPU, for float32, with MKL present, and when autograd is off (the packed op
-has no backward). ``pack_linears`` turns a module's ``nn.Linear`` layers into
+Used only on CPU, for float32, where torch has oneDNN, and when autograd is off (the packed
+op has no backward). ``pack_linears`` turns a module's ``nn.Linear`` layers into
 ``PackedLinear`` (same parameters, same state dict) and claims its linear and embedding
-weights, so that ``vocab_logits`` packs a claimed head weight (a tied one is the
-embedding's); an unclaimed weight is never packed there. ``EngineConfig.cpu_packed_linears``
-(on by default) applies it to every node an engine loads on CPU.
+weights of at least ``MIN_PACK_ELEMENTS`` elements; ``linear`` and ``vocab_logits`` pack a claimed weight (a tied head's is the
+embedding's) and leave any other to ``F.linear``. ``EngineConfig.cpu_packed_linears`` (on by
+default) applies ``pack_linears`` to every node an engine loads on CPU.
 """
 
 from __future__ import annotations
@@ -36,23 +38,29 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PACK_ROWS = 32  # the row count every packed call has
-LAYER_MIN_ROWS = 16  # below this, F.linear is faster for layer-sized weights
-HEAD_MIN_ROWS = 2  # a vocabulary-sized head gains from 2 rows up (1 row is a GEMV)
-
 # id(weight) -> (a weak reference to it, its version when packed, the packed copy or None
 # while claimed but not packed yet). Keyed by identity (tensors compare elementwise); the
 # reference's callback drops the entry.
 _packed: dict[int, tuple[weakref.ref, int, torch.Tensor | None]] = {}
 
+# Smaller weights are left to F.linear: a oneDNN call costs ~12 us more than F.linear's, and
+# a weight this small stays in cache, where F.linear's repacking is cheap (on the host of the
+# figures above, a code predictor's [384, 128] layers ran 1.9x slower packed, a talker's
+# [768, 256] ones 1.4x faster).
+MIN_PACK_ELEMENTS = 1 << 16
+
 
 def available() -> bool:
-    """Whether this torch build has MKL's packed linear."""
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    """Whether this torch build has oneDNN's packed linear."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``x @ weight.T`` can take the packed path at all (row count aside)."""
+    """Whether ``x @ weight.T`` can take the packed path at all."""
     return (
         x.device.type == "cpu"
         and weight.device.type == "cpu"
@@ -89,33 +97,33 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     packed = packed_copy(weight)
     if packed is None:
         with torch.inference_mode(False), torch.no_grad():
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), PACK_ROWS)
+            # No batch-size hint: a hint of 1 picks a layout whose rows' bits depend on
+            # the call's row count; the default does not.
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         _store(weight, weight._version, packed)
     return packed
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` through the packed weight; ``x`` has at most
-    ``PACK_ROWS`` rows (leading dims flattened) and ``usable(x, weight)`` holds."""
-    rows = x.numel() // x.shape[-1]
-    if not 0 < rows <= PACK_ROWS:
-        raise ValueError(f"packed_linear takes 1-{PACK_ROWS} rows, got {rows}")
-    flat = x.reshape(rows, x.shape[-1])
-    if rows < PACK_ROWS:
-        flat = torch.cat([flat, flat.new_zeros(PACK_ROWS - rows, flat.shape[1])])
-    else:
-        flat = flat.contiguous()
-    out = torch.ops.mkl._mkl_linear(flat, _pack(weight), weight, bias, PACK_ROWS)
-    return out[:rows].view(*x.shape[:-1], weight.shape[0])
+    """``F.linear(x, weight, bias)`` through the packed weight (``usable(x, weight)`` must
+    hold); any leading dims, any row count."""
+    return torch.ops.mkldnn._linear_pointwise(x, _pack(weight), bias, "none", [], "")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, through the packed weight where ``weight`` is claimed and usable: for
+    model code that computes a layer from its parameters instead of calling the module."""
+    if _packed and claimed(weight) and usable(x, weight):
+        return packed_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class PackedLinear(nn.Linear):
-    """``nn.Linear`` whose 16-32-row calls on CPU use the packed weight (see the module
-    docstring); every other call is ``F.linear``. Made by ``pack_linears``."""
+    """``nn.Linear`` whose calls on CPU use the packed weight (see the module docstring)
+    where ``usable`` holds; every other call is ``F.linear``. Made by ``pack_linears``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features if self.in_features else 0
-        if LAYER_MIN_ROWS <= rows <= PACK_ROWS and usable(x, self.weight):
+        if usable(x, self.weight):
             return packed_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -124,8 +132,9 @@ def pack_linears(module: nn.Module) -> int:
     """Turn every plain ``nn.Linear`` under ``module`` whose weight is float32 on CPU into a
     ``PackedLinear`` in place (the object, its parameters and state-dict keys stay; only
     its class changes), and claim those weights and the float32 CPU ``nn.Embedding``
-    weights for ``vocab_logits`` (packed lazily, on a first call in range). Returns how
-    many linears were changed; 0 where MKL's packed op is missing."""
+    weights for ``linear`` and ``vocab_logits`` (packed lazily, on a first call). Returns
+    how many linears were changed; 0 where oneDNN's packed op is missing. Weights of fewer
+    than ``MIN_PACK_ELEMENTS`` elements are left alone."""
     if not _AVAILABLE:
         return 0
     changed = 0
@@ -133,7 +142,7 @@ def pack_linears(module: nn.Module) -> int:
         if type(sub) not in (nn.Linear, nn.Embedding):
             continue
         weight = sub.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.numel() < MIN_PACK_ELEMENTS:
             continue
         if not claimed(weight):
             _store(weight, -1, None)

@@ -7,13 +7,13 @@ whole of ``W`` (hundreds of MB) on every call: on a 2-core CPU, at V = 156,940, 
 that copy was about half of an Orpheus-sized decode step. ``W @ h.T`` puts the small
 matrix on the right, so only ``h`` is packed and ``W`` is streamed once; one transposing
 copy of the [rows, V] result follows. ``benchmarks/engine_vs_transformers.py`` measures
-what it buys end to end. Where MKL's packed GEMM is present and ``W`` was claimed by
-``pack_linears`` (an engine on CPU does that unless ``cpu_packed_linears`` is off), 2-32
-rows take ``packed_linear`` instead (a packed copy of ``W``, made once; no transposing
-copy), which was faster again on that host (see ``mstar.layers.packed_linear``).
+what it buys end to end. Where ``W`` was claimed by ``pack_linears`` (an engine on CPU does
+that unless ``cpu_packed_linears`` is off) and torch has oneDNN, every call takes
+``packed_linear`` instead (a packed copy of ``W``, made once, streamed by oneDNN), which was
+2-3x faster again on the host of ``mstar.layers.packed_linear``'s figures.
 
-The result equals ``F.linear`` up to float summation order (both orders are exact dot
-products of the same rows; MKL may block them differently). Elsewhere (CUDA, one row, a
+The result equals ``F.linear`` up to float summation order (all are exact dot products of
+the same rows, blocked differently). Without a claimed weight, elsewhere (CUDA, one row, a
 small vocabulary, many rows as in a long prefill) it is ``F.linear`` itself.
 """
 
@@ -32,11 +32,11 @@ _MAX_ROWS = 256
 
 def vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``hidden`` [..., H] and ``weight`` [V, H] → logits [..., V], as ``F.linear``."""
+    if packed.claimed(weight) and packed.usable(hidden, weight):
+        return packed.packed_linear(hidden, weight, bias)
     rows = hidden.numel() // hidden.shape[-1] if hidden.shape[-1] else 0
     if hidden.device.type != "cpu" or weight.shape[0] < _MIN_VOCAB or not 1 < rows <= _MAX_ROWS:
         return F.linear(hidden, weight, bias)
-    if packed.HEAD_MIN_ROWS <= rows <= packed.PACK_ROWS and packed.claimed(weight) and packed.usable(hidden, weight):
-        return packed.packed_linear(hidden, weight, bias)
     flat = hidden.reshape(rows, hidden.shape[-1])
     out = torch.mm(weight, flat.t()).t().contiguous()
     if bias is not None:
