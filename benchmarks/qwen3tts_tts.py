@@ -2,11 +2,14 @@
 mstar vs the qwen-tts 0.1.1 reference generate, on the same mid-size random checkpoint.
 
     .venv/bin/python benchmarks/qwen3tts_tts.py [--frames 40] [--concurrency 1 8] \
-        [--ref-python /tmp/qwen-tts-ref/bin/python] [--repeats 3] [--threads 1] [--baseline] [--server]
+        [--ref-python /tmp/qwen-tts-ref/bin/python] [--repeats 3] [--threads 1] [--compile] [--baseline] [--server]
 
 ``--repeats`` runs interleaved rounds (each pipeline at each concurrency, then the reference)
 and reports the median run of each; ``--threads`` sets torch's threads on both sides (on a
-shared machine 1 avoids two OpenMP teams spinning over each other's cores); ``--baseline``
+shared machine 1 avoids two OpenMP teams spinning over each other's cores); ``--compile``
+also runs mstar with ``compile_regions=True`` (the code predictor's steps through
+``torch.compile``; its warm-up also runs the largest concurrency, so the compiles happen
+before the timed rounds); ``--baseline``
 also runs mstar with its earlier defaults (one codec row per call, the codec after the
 talker instead of beside it) on the same weights.
 
@@ -134,6 +137,8 @@ def main() -> None:
     parser.add_argument("--codec-batch", type=int, default=None, help="codec chunks per call (default: the plugin's, by device)")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the median run is reported")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of both sides (default: torch's)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also mstar with compile_regions=True (the code predictor's steps through torch.compile)")
     parser.add_argument("--baseline", action="store_true",
                         help="also mstar with the earlier defaults (one codec row per call, codec after the talker)")
     args = parser.parse_args()
@@ -147,8 +152,12 @@ def main() -> None:
         if args.baseline:  # same weights (same seed), one codec row per call, no overlap
             old = write_checkpoint(Path(tmp) / "mid-old", preset="mid", seed=0, overrides={"mstar_streaming": {"codec_batch": 1}})
             engines["mstar-old"] = Engine.from_model("qwen3tts", weights=old, overlap_nodes=False)
-        for engine in engines.values():
+        if args.compile:
+            engines["mstar-comp"] = Engine.from_model("qwen3tts", weights=ckpt, compile_regions=True)
+        for name, engine in engines.items():
             run_mstar(engine, ckpt, args.frames, 1)  # warm-up, as the reference gets
+            if name == "mstar-comp":  # compiles its one-row and several-row shapes now
+                run_mstar(engine, ckpt, args.frames, max(args.concurrency))
         # Interleaved rounds, so load from anything else on the machine hits every pipeline alike.
         for _ in range(args.repeats):
             for c in args.concurrency:

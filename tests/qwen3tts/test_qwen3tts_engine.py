@@ -46,8 +46,9 @@ def test_batched_equals_alone(tiny_engine, requests, alone) -> None:
         {"max_num_batched_tokens": 8},  # long prompts prefill in chunks
         {"kv_budget_bytes": 20 * 1024, "block_size": 4},  # 20 blocks of 1 KiB: preemption
         {"mixed_batches": False, "piecewise_graphs": False},
+        {"compile_regions": True},  # the code predictor's steps through torch.compile
     ],
-    ids=["chunked-prefill", "preemption", "no-mixed-no-piecewise"],
+    ids=["chunked-prefill", "preemption", "no-mixed-no-piecewise", "compiled-predictor"],
 )
 def test_scheduling_changes_nothing(engines, tiny_ckpt, requests, alone, options) -> None:
     engine = engines(tiny_ckpt, **options)

@@ -75,6 +75,14 @@ class Talker(ARNodeSubmodule):
         self.register_buffer("suppress_mask", suppress, persistent=False)
 
     # ---- engine contract ---------------------------------------------------------------
+    def compile_regions(self) -> int:
+        # CPU only: on CUDA the frame's region is captured as a CUDA graph instead, and a
+        # compiled step inside that capture has never run.
+        if self.codec_head.weight.device.type != "cpu":
+            return 0
+        self.code_predictor.compile_steps()
+        return 1
+
     def kv_cache_layout(self) -> KVCacheLayout:
         return KVCacheLayout(self.cfg.num_hidden_layers, self.cfg.num_key_value_heads, self.cfg.head_dim, self.dtype)
 

@@ -55,8 +55,10 @@ class QKNormAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        # Causal without a cache (one token attending to itself alone is the same either way,
+        # and a plain bool keeps the call traceable by torch.compile).
         out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=cache is None and t > 1, enable_gqa=self.num_heads != self.num_kv_heads
+            q, k, v, is_causal=cache is None, enable_gqa=self.num_heads != self.num_kv_heads
         )
         return _linear(self._modules["o_proj"], out.transpose(1, 2).reshape(*x.shape[:-1], -1)), [k, v]
 

@@ -36,6 +36,7 @@ class EngineConfig:
     overlap_nodes: bool = False  # opt-in: a second node's batch runs beside the first (LM + codec)
     piecewise_graphs: bool = True
     cpu_packed_linears: bool = True  # on CPU: oneDNN-packed weights for linears and heads (layers.packed_linear)
+    compile_regions: bool = False  # opt-in: nodes torch.compile the regions they offer (NodeSubmodule.compile_regions)
     attention_backend: str | None = None  # "torch" / "flashinfer"; None picks by device
     nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all
 
@@ -83,6 +84,8 @@ def build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineCo
         sub.eval()
         if device.type == "cpu" and engine_config.cpu_packed_linears:
             log.debug("node %s: %d linear layers packed for oneDNN", name, pack_linears(sub))
+        if engine_config.compile_regions:
+            log.info("node %s: %d regions set to compile with torch.compile", name, sub.compile_regions())
         node = LoadedNode(name, graph.nodes[name].kind, sub, device)
         if node.kind is EngineKind.KV_CACHE:
             if not isinstance(sub, ARNodeSubmodule):

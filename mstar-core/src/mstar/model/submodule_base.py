@@ -233,6 +233,13 @@ class NodeSubmodule(nn.Module, ABC):
     def max_batch_size(self, graph_walk: str) -> int | None:
         return None
 
+    def compile_regions(self) -> int:
+        """Set the parts of this node's forward that gain from ``torch.compile`` to run
+        compiled (e.g. a small model run many times per step, where per-op overhead
+        dominates); return how many. Called once at load when ``EngineConfig.compile_regions``
+        is on; each region compiles on its first call of each new shape. Default: none."""
+        return 0
+
     def get_autocast_dtype(self) -> torch.dtype | None:
         """This node's dtype when it differs from the model's (codecs: float32). Not read by
         the engine yet: a node factory puts the node in its dtype."""
