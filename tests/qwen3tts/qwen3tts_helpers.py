@@ -97,3 +97,23 @@ class LogitRecorder:
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
+
+
+def small_predictor(talker_hidden: int) -> Any:
+    """A small random ``CodePredictor`` (2 layers, width 64, 6 code groups), seeded; its
+    norm weights spread over [0.5, 1.5] so they are not all ones."""
+    from mstar_qwen3tts.code_predictor import CodePredictor
+    from mstar_qwen3tts.config import PredictorConfig
+
+    cfg = PredictorConfig.from_dict({
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 48, "num_code_groups": 6,
+        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "attention_bias": False,
+    }, "test predictor")
+    torch.manual_seed(0)
+    model = CodePredictor(cfg, talker_hidden=talker_hidden)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model.eval()

@@ -9,18 +9,12 @@ from types import SimpleNamespace
 
 import torch
 from mstar_qwen3tts.code_predictor import CodePredictor
-from mstar_qwen3tts.config import PredictorConfig
+from qwen3tts_helpers import small_predictor
 from torch._dynamo.utils import counters
 
 
 def _predictor() -> CodePredictor:
-    cfg = PredictorConfig.from_dict({
-        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 48, "num_code_groups": 6,
-        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "attention_bias": False,
-    }, "test predictor")
-    torch.manual_seed(0)
-    return CodePredictor(cfg, talker_hidden=64).eval()
+    return small_predictor(talker_hidden=64)
 
 
 class _Recorder:

@@ -9,9 +9,9 @@ import torch
 from mstar.layers import apply_rope
 from mstar.layers.norm import rms_norm_formula
 from mstar_qwen3tts.code_predictor import CodePredictor
-from mstar_qwen3tts.config import PredictorConfig
 from mstar_qwen3tts.layers import rope_cos_sin, rotate, signed_sin
 from mstar_qwen3tts.transformer import QKNormAttention
+from qwen3tts_helpers import small_predictor
 
 
 @pytest.mark.parametrize("head_dim", [8, 32, 128])
@@ -37,18 +37,7 @@ def _reference_qkv(attn: QKNormAttention, x: torch.Tensor, cos: torch.Tensor, si
 
 
 def _predictor() -> CodePredictor:
-    cfg = PredictorConfig.from_dict({
-        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 48, "num_code_groups": 6,
-        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "attention_bias": False,
-    }, "test predictor")
-    torch.manual_seed(0)
-    model = CodePredictor(cfg, talker_hidden=80)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
-    return model
+    return small_predictor(talker_hidden=80)
 
 
 def test_attention_qkv_equals_the_reference_formulas() -> None:
