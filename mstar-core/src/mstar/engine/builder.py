@@ -84,8 +84,8 @@ def build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineCo
         sub.eval()
         if device.type == "cpu" and engine_config.cpu_packed_linears:
             log.debug("node %s: %d linear layers packed for oneDNN", name, pack_linears(sub))
-        if engine_config.compile_regions:
-            log.info("node %s: %d regions set to compile with torch.compile", name, sub.compile_regions())
+        if engine_config.compile_regions and (regions := sub.compile_regions()):
+            log.info("node %s: %d region(s) set to compile with torch.compile", name, regions)
         node = LoadedNode(name, graph.nodes[name].kind, sub, device)
         if node.kind is EngineKind.KV_CACHE:
             if not isinstance(sub, ARNodeSubmodule):
