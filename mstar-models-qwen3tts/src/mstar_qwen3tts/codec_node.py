@@ -42,6 +42,9 @@ STATE_KEY = "codec_stream"
 
 
 class CodecNode(NodeSubmodule):
+    # Decoding reads the weights and the rows' own stream states only.
+    concurrent_forwards = True
+
     def __init__(
         self, cfg: CodecConfig, stateful: bool = True, batch: int = 1, left_context: int = 0, first_batch: int | None = None,
     ) -> None:

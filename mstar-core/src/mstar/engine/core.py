@@ -112,7 +112,7 @@ class EngineCore:
         if runnable:
             keys = self.scheduler.pick_groups(runnable)
             self._run_groups([(k, runnable[k]) for k in keys[: 1 if busy else None]])
-        elif busy is not None:
+        elif busy is not None and not self._run_beside_worker(groups):
             self._harvest(wait=True)  # only the worker's node has work: wait for it
         self._finish_done_requests()
         out, self._outputs = self._outputs, []
@@ -172,10 +172,50 @@ class EngineCore:
             # this step waits for it, as the worker then runs alone once this thread is done.
             first = any(r.req.streams[s].consumed == 0 for r in plans[1][2] for s in r.prepared.stream_ends)
             plans = plans[:1]
+        elif len(plans) == 1 and self._split_over_threads(plans[0], picked[0][1]):
+            return
         for node, walk, rows in plans:
             self._complete_rows(node, rows, _execute(node, walk, rows))
         if first:
+            self._run_beside_worker(self.scheduler.ready_groups())
             self._harvest(wait=True)
+
+    def _split_over_threads(self, plan: tuple[LoadedNode, str, list[Row]], ready: list) -> bool:
+        """One group only, of a node with ``concurrent_forwards`` and more ready rows than
+        one batch (e.g. the codec's last round, once the LM is done): the worker (idle, with
+        ``overlap_nodes``) takes this batch and this thread runs the next beside it. Whether
+        it did; the worker's batch is harvested by a later step."""
+        node, walk, rows = plan
+        if not (self.scheduler.config.overlap_nodes and node.submodule.concurrent_forwards and self.overlap.inflight is None):
+            return False
+        taken = {r.req.id for r in rows}
+        if not any(r.req.id not in taken for r in ready):
+            return False
+        self.overlap.submit(_execute, node, walk, rows)
+        self._run_beside_worker(self.scheduler.ready_groups())
+        return True
+
+    def _run_beside_worker(self, groups: dict[Hashable, list]) -> bool:
+        """While the worker runs a batch of a node whose forwards may run concurrently
+        (``NodeSubmodule.concurrent_forwards``) and this thread would otherwise wait, run the
+        next batch of that node here, from requests the worker does not hold (e.g. the
+        second codec call of a round: both cores decode). Whether a batch ran."""
+        inflight = self.overlap.inflight
+        if inflight is None or not inflight.node.submodule.concurrent_forwards:
+            return False
+        for key, ready in groups.items():
+            if key[0] != inflight.node.name:  # type: ignore[index]
+                continue
+            free = [r for r in ready if not self.overlap.holds(r.req.id)]
+            if not free:
+                continue
+            node, walk, rows = self.scheduler.build_batch(key, free)
+            if rows:
+                self.stats.steps += 1
+                self.stats.forwards_by_group[f"{node.name}:{walk}"] += 1
+                self._complete_rows(node, rows, _execute(node, walk, rows))
+                return True
+        return False
 
     def _harvest(self, wait: bool) -> None:
         """Complete the worker's batch once it has finished (``wait``: block until then)."""

@@ -3,7 +3,12 @@
 With ``overlap_nodes`` the engine hands one batch at a time to this worker (e.g. a codec
 call) and goes on stepping the other nodes (e.g. the LM) on its own thread until the
 worker is done; it waits for the worker only when nothing else can run, or when the batch
-holds a stream's first chunk (a request's first audio: ``EngineCore._run_groups``). Only the
+holds a stream's first chunk (a request's first audio: ``EngineCore._run_groups``). Before
+such a wait, if the worker's node allows concurrent forwards
+(``NodeSubmodule.concurrent_forwards``), the engine's thread first runs that node's next
+batch itself, from requests the worker does not hold; and when that node's rows are all
+there is to run and they fill more than one batch, the idle worker takes one and the
+engine's thread the next, so both cores decode. Only the
 forward runs on the worker: the engine builds the batch before and completes its rows
 after, on its own thread, so requests, streams and caches change on one thread only.
 

@@ -188,6 +188,12 @@ class BatchedStopCheck(NamedTuple):
 class NodeSubmodule(nn.Module, ABC):
     """A model's compute unit for one node of its graph."""
 
+    # Whether two forwards of this (stateless) node, on different requests, may run at once
+    # on two threads: its forward keeps no state of its own between calls (per-request
+    # state is fine). With ``overlap_nodes``, while the worker thread runs one batch of such
+    # a node and nothing else is ready, the engine's thread runs the next batch beside it.
+    concurrent_forwards: bool = False
+
     @abstractmethod
     def prepare_inputs(
         self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]
