@@ -129,7 +129,7 @@ class NodeExecutor:
             if batched is not None:
                 for r in done:
                     r.stop_check = batched.checks.get(r.req.id, StopCheck())
-        return {r.req.id: out.for_row(idx[r.req.id], r.req.id) for r in rows}
+        return out.by_request([r.req.id for r in rows])
 
     def _apply_stop_rules(self, done: list[Row], positions: list[int], sampler: Any) -> None:
         drawn = sampler.last_main_tokens

@@ -43,7 +43,9 @@ class StreamBuffer:
                 f"stream items must have shape [n, {', '.join(map(str, data.shape[1:]))}], "
                 f"got {tuple(value.shape)}"
             )
-        dtype = torch.promote_types(data.dtype, value.dtype)  # as torch.cat would
+        # As torch.cat would promote (checked only when the dtypes differ: an append per row
+        # and step is the common case, and promote_types is a dispatched call).
+        dtype = data.dtype if value.dtype is data.dtype else torch.promote_types(data.dtype, value.dtype)
         if self.length + n > data.shape[0] or dtype != data.dtype:
             capacity = max(2 * data.shape[0], self.length + n)
             grown = data.new_empty((capacity, *data.shape[1:]), dtype=dtype)
