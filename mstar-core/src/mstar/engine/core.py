@@ -156,11 +156,13 @@ class EngineCore:
         an encoder's, longer than an LM step) is the one handed over. Rows are built and
         completed on this thread."""
         plans = []
+        readies = []  # each plan's ready rows
         first = False
         for key, ready in picked:
             node, group_walk, rows = self.scheduler.build_batch(key, ready)
             if rows:
                 plans.append((node, group_walk, rows))
+                readies.append(ready)
                 self.stats.steps += 1
                 self.stats.forwards_by_group[f"{node.name}:{group_walk}"] += 1
                 self.stats.last_batch_size = len(rows)
@@ -172,7 +174,7 @@ class EngineCore:
             # this step waits for it, as the worker then runs alone once this thread is done.
             first = any(r.req.streams[s].consumed == 0 for r in plans[1][2] for s in r.prepared.stream_ends)
             plans = plans[:1]
-        elif len(plans) == 1 and self._split_over_threads(plans[0], picked[0][1]):
+        elif len(plans) == 1 and self._split_over_threads(plans[0], readies[0]):
             return
         for node, walk, rows in plans:
             self._complete_rows(node, rows, _execute(node, walk, rows))
