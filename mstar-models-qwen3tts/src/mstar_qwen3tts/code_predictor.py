@@ -45,7 +45,7 @@ class CodePredictor(nn.Module):
             nn.Linear(talker_hidden, cfg.hidden_size, bias=True) if talker_hidden != cfg.hidden_size else nn.Identity()
         )
         self._rope: dict[tuple[torch.device, torch.dtype], dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._layers_fn: Any = self._layers
+        self._compiled_layers: Any = None  # compile_steps' torch.compile of _layers
 
     def compile_steps(self) -> None:
         """Run each step's layer stack through ``torch.compile`` (the engine's
@@ -54,7 +54,7 @@ class CodePredictor(nn.Module):
         one row and several (dims other than those are marked dynamic after a first change,
         so the cache length and row count do not recompile). The sampler draws between the
         steps stay eager."""
-        self._layers_fn = torch.compile(self._layers, dynamic=None)
+        self._compiled_layers = torch.compile(self._layers, dynamic=None)
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """(cos, signed sin) per step, by its first position: a frame's positions are the same
@@ -80,7 +80,7 @@ class CodePredictor(nn.Module):
 
     def _step(self, x: torch.Tensor, start: int, caches: list[list[torch.Tensor] | None]) -> torch.Tensor:
         cos, sin = self._rope_tables(x.device, x.dtype)[start]
-        h, caches[:] = self._layers_fn(x, cos, sin, caches)
+        h, caches[:] = (self._compiled_layers or self._layers)(x, cos, sin, caches)
         return h
 
     def forward(self, hidden: torch.Tensor, first_code_embed: torch.Tensor, sampler: Any) -> tuple[torch.Tensor, torch.Tensor]:

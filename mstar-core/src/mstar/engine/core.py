@@ -163,9 +163,7 @@ class EngineCore:
             if rows:
                 plans.append((node, group_walk, rows))
                 readies.append(ready)
-                self.stats.steps += 1
-                self.stats.forwards_by_group[f"{node.name}:{group_walk}"] += 1
-                self.stats.last_batch_size = len(rows)
+                self._count_forward(node, group_walk, rows)
         if len(plans) == 2:
             if plans[0][0].kind is EngineKind.STATELESS and plans[1][0].kind is not EngineKind.STATELESS:
                 plans.reverse()
@@ -213,11 +211,15 @@ class EngineCore:
                 continue
             node, walk, rows = self.scheduler.build_batch(key, free)
             if rows:
-                self.stats.steps += 1
-                self.stats.forwards_by_group[f"{node.name}:{walk}"] += 1
+                self._count_forward(node, walk, rows)
                 self._complete_rows(node, rows, _execute(node, walk, rows))
                 return True
         return False
+
+    def _count_forward(self, node: LoadedNode, walk: str, rows: list[Row]) -> None:
+        self.stats.steps += 1
+        self.stats.forwards_by_group[f"{node.name}:{walk}"] += 1
+        self.stats.last_batch_size = len(rows)
 
     def _harvest(self, wait: bool) -> None:
         """Complete the worker's batch once it has finished (``wait``: block until then)."""

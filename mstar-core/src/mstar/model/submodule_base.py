@@ -163,14 +163,10 @@ class BatchedModelOutput:
             self.per_rid_outputs,
         )
 
-    def for_row(self, i: int, request_id: str) -> dict[str, torch.Tensor]:
-        out = {k: v[i] for k, v in self.row_outputs.items()}
-        out.update(self.per_rid_outputs.get(request_id, {}))
-        return out
-
     def by_request(self, request_ids: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-        """``for_row`` of every row (row i is ``request_ids[i]``), splitting each output
-        once (one ``unbind``) instead of indexing it per row."""
+        """Each row's outputs (row i is ``request_ids[i]``): its slice of every row output
+        plus its per-request outputs. Each row output is split once (one ``unbind``), not
+        indexed per row."""
         columns = {k: v.unbind(0) for k, v in self.row_outputs.items()}
         out = {}
         for i, rid in enumerate(request_ids):
