@@ -120,3 +120,58 @@ def test_request_aborted_while_on_the_worker_frees_after(make_engine):
     assert len(events) == 3, events
     kv = core.nodes["lm"].kv
     assert kv.num_free_blocks == kv.num_blocks and "r0" not in core.running
+
+
+def record_threads(engine) -> dict[str, set[tuple[str, int]]]:
+    """Per node, the (thread name, torch thread count) of every forward it ran."""
+    seen: dict[str, set[tuple[str, int]]] = {}
+    for name, node in engine.core.nodes.items():
+        inner = node.executor.run
+
+        def counted(walk, rows, name=name, inner=inner):
+            seen.setdefault(name, set()).add((threading.current_thread().name, torch.get_num_threads()))
+            return inner(walk, rows)
+
+        node.executor.run = counted
+    return seen
+
+
+def test_engine_threads_split_the_cores_when_two_forwards_run_at_once(make_engine):
+    """With overlap_nodes the engine's loop and its worker each run forwards with half the
+    builder's torch threads (two full OpenMP teams would spin over each other's cores);
+    without it, or with cpu_threads, the count is what was asked."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        split, whole = make_engine(overlap_nodes=True), make_engine(overlap_nodes=False)
+        pinned = make_engine(overlap_nodes=True, cpu_threads=3)
+    finally:
+        torch.set_num_threads(before)
+    ps = prompts(4, seed=5)
+    for engine, threads in ((split, 2), (whole, 4), (pinned, 3)):
+        seen = record_threads(engine)
+        run(engine, ps, long(GREEDY))
+        assert set(seen) == {"lm", "decoder"}
+        assert {n for s in seen.values() for _, n in s} == {threads}, seen
+    assert any(t.startswith("mstar-overlap") for t, _ in seen["decoder"] | seen["lm"])
+    assert torch.get_num_threads() == before  # the caller's own thread is left alone
+
+
+def test_overlap_worker_pins_its_thread_when_stepped_from_another(make_engine):
+    """Stepped from the caller's thread (not the engine's loop), the worker still runs its
+    forwards with the engine's count, not the caller's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        engine = make_engine(overlap_nodes=True)
+        seen = record_threads(engine)
+        core = engine.core
+        for i, p in enumerate(prompts(3, seed=6)):
+            core.add_request(Request(f"r{i}", {"prompt_ids": p}, {}, engine.make_sampling(long(GREEDY)), 0))
+        while core.has_work():
+            core.step()
+        on_worker = {n for s in seen.values() for t, n in s if t.startswith("mstar-overlap")}
+        assert on_worker == {2}, seen
+        assert torch.get_num_threads() == 4  # stepping does not change the caller's thread
+    finally:
+        torch.set_num_threads(before)

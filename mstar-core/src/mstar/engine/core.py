@@ -41,6 +41,7 @@ class EngineCore:
         scheduler: SchedulerConfig | None = None,
         mixed_batch_configs: list[MixedBatchConfig] | None = None,
         policy: SchedulingPolicy | None = None,
+        forward_threads: int | None = None,
     ) -> None:
         self.graph = graph
         self.nodes = nodes
@@ -52,7 +53,10 @@ class EngineCore:
         self._walk_signals = {
             w: {o for st in iter_steps(walk.body) for o in st.outputs} for w, walk in graph.walks.items()
         }
-        self.overlap = OverlapWorker()
+        # torch threads of the threads this engine owns (the step loop pins itself with
+        # pin_thread; the overlap worker at its start); None leaves them as they are.
+        self.forward_threads = forward_threads
+        self.overlap = OverlapWorker(forward_threads)
         self.idle = False
         # Partitions run here only when all their nodes are placed here; streams from or
         # into other partitions cross processes through push_stream / stream events.
@@ -64,6 +68,11 @@ class EngineCore:
             name for name, s in graph.stream_edges().items()
             if s.stream and s.stream.into_partition not in self.local_partitions
         }
+
+    def pin_thread(self) -> None:
+        """Give the calling thread (the engine's own loop) ``forward_threads`` torch threads."""
+        if self.forward_threads is not None:
+            torch.set_num_threads(self.forward_threads)
 
     @property
     def waiting(self) -> list[Request]:

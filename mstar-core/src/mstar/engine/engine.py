@@ -296,6 +296,7 @@ class Engine:
             self._thread.start()
 
     def _loop(self) -> None:
+        self.core.pin_thread()
         while not self._closed:
             with self._lock:
                 self._drain_inbox()

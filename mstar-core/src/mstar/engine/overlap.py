@@ -24,6 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     from mstar.engine.executors import LoadedNode, Row
     from mstar.engine.request import Request
@@ -40,7 +42,8 @@ class InFlight:
 
 
 class OverlapWorker:
-    def __init__(self) -> None:
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads  # torch threads of the worker thread (None: as it starts)
         self._pool: ThreadPoolExecutor | None = None
         self.inflight: InFlight | None = None
         self.batches = 0  # batches run on the worker so far
@@ -63,10 +66,14 @@ class OverlapWorker:
     def submit(self, run: Callable[..., dict], node: LoadedNode, walk: str, rows: list[Row]) -> None:
         assert self.inflight is None, "one batch at a time on the worker"
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mstar-overlap")
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mstar-overlap", initializer=self._start_thread)
         future = self._pool.submit(run, node, walk, rows)
         self.inflight = InFlight(node, walk, rows, future, frozenset(r.req.id for r in rows))
         self.batches += 1
+
+    def _start_thread(self) -> None:
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
 
     def take(self, wait: bool) -> InFlight | None:
         """The finished batch (its future done), or None: none in flight, or (``wait``
