@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from mstar.layers.codec_blocks import snake as snake_activation
 from torch import nn
 
 NoiseFn = Callable[[int, int, int], torch.Tensor]
@@ -55,7 +56,7 @@ class SnacConfig:
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    return x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
+    return snake_activation(x, alpha, (alpha + 1e-9).reciprocal())
 
 
 class Snake1d(nn.Module):
