@@ -25,7 +25,7 @@ import click
 @click.option("--max-body-bytes", default=32 << 20, show_default=True, type=int, help="Larger request bodies get 413.")
 @click.option("--preprocess-workers", default=None, type=click.IntRange(min=0), help="Preprocess pool size (0: preprocess inline).")
 @click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE", help="An EngineConfig field, e.g. kv_budget_bytes=67108864 (repeatable).")
-@click.option("--engine-threads", default=None, type=click.IntRange(min=1), help="torch intra-op threads per engine process (default: torch's).")
+@click.option("--engine-threads", default=None, type=click.IntRange(min=1), help="torch intra-op threads per engine process (default: torch's); with overlap_nodes its two threads get half each (EngineConfig.cpu_threads).")
 @click.option("--shm-threshold", default=None, type=int, hidden=True, help="Tensors of at least this many bytes go through shared memory.")
 @click.option("--device", default="cpu", show_default=True, help="Device of the default placement's groups.")
 @click.option("--restart-engines/--no-restart-engines", default=True, show_default=True, help="Restart a dead engine process (back-off 1 s doubling to 30 s).")
