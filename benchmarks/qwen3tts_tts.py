@@ -14,7 +14,13 @@ also runs mstar with its earlier defaults (one codec row per call, the codec aft
 talker instead of beside it) on the same weights.
 
 ``--server`` also serves the checkpoint with ``mstar serve`` and measures the same requests
-over HTTP with ``mstar bench``'s client (streamed raw PCM; TTFA from the first chunk).
+over HTTP with ``mstar bench``'s client (streamed raw PCM; TTFA from the first chunk), in
+``--repeats`` rounds after the in-process ones (the median; its ratios are against the
+reference's median round). ``--server-args`` adds ``mstar serve`` arguments, e.g. the codec
+in a process of its own (no GIL shared with the talker's steps) and the compiled frame:
+
+    .venv/bin/python benchmarks/qwen3tts_tts.py --concurrency 8 --repeats 3 --server \
+        --server-args "--config benchmarks/placements/qwen3tts_codec_apart.yaml --engine-threads 1 --engine-option compile_regions=true"
 
 The reference runs in its own venv (qwen-tts pins transformers 4.57.3; make it with
 ``mstar-models-qwen3tts/tools/make_fixtures.sh``, which leaves it at /tmp/qwen-tts-ref).
@@ -134,6 +140,8 @@ def main() -> None:
     parser.add_argument("--ref-python", default="/tmp/qwen-tts-ref/bin/python")
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--server", action="store_true", help="also measure mstar serve over HTTP (mstar bench's client)")
+    parser.add_argument("--server-args", default="", help="extra `mstar serve` arguments for --server, e.g. "
+                        "'--config placement.yaml --engine-threads 1' (the codec in a process of its own)")
     parser.add_argument("--codec-batch", type=int, default=None, help="codec chunks per call (default: the plugin's, by device)")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the median run is reported")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of both sides (default: torch's)")
@@ -170,9 +178,10 @@ def main() -> None:
             engine.close()
         served = {}
         if args.server:
-            with LocalServer(["--model", "qwen3tts", "--weights", str(ckpt), "--log-level", "warning"]) as url:
-                run_server(url, args.frames, 1)  # warm-up
-                served = {c: run_server(url, args.frames, c) for c in args.concurrency}
+            with LocalServer(["--model", "qwen3tts", "--weights", str(ckpt), "--log-level", "warning", *args.server_args.split()]) as url:
+                for c in sorted({1, max(args.concurrency)}):  # warm-up (and compiles, with compile_regions)
+                    run_server(url, args.frames, c)
+                served = {c: _median([run_server(url, args.frames, c) for _ in range(args.repeats)]) for c in args.concurrency}
     results = {k: _median(v) for k, v in runs.items()}
     print(f"Qwen3-TTS mid-size random checkpoint, {args.frames} frames ({args.frames * 0.08:.1f} s audio) per request, "
           f"torch threads {torch.get_num_threads()}, median of {args.repeats}")
@@ -188,7 +197,12 @@ def main() -> None:
                 print(f"  {name:<10} concurrency {c}: TTFA x{ref['ttfa_s'] / m['ttfa_s']:.2f}, RTF x{ref['rtf'] / m['rtf']:.2f}, "
                       f"throughput x{(m['audio_s'] / m['wall_s']) / (ref['audio_s'] / ref['wall_s']):.2f}")
     for c, m in served.items():
-        print(f"{c:>4} | mstar serve over HTTP: TTFA {m['ttfa_s']:.3f}s, RTF {m['rtf']:.3f}, {m['audio_s'] / m['wall_s']:.2f} audio s/s")
+        line = f"{c:>4} | mstar serve over HTTP: TTFA {m['ttfa_s']:.3f}s, RTF {m['rtf']:.3f}, {m['audio_s'] / m['wall_s']:.2f} audio s/s"
+        ref = results.get(("reference", c))
+        if ref is not None:  # the reference's median round of the in-process part above
+            line += (f"; vs the reference: TTFA x{ref['ttfa_s'] / m['ttfa_s']:.2f}, RTF x{ref['rtf'] / m['rtf']:.2f}, "
+                     f"throughput x{(m['audio_s'] / m['wall_s']) / (ref['audio_s'] / ref['wall_s']):.2f}")
+        print(line)
 
 
 if __name__ == "__main__":

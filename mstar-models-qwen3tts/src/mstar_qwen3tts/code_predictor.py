@@ -45,16 +45,6 @@ class CodePredictor(nn.Module):
             nn.Linear(talker_hidden, cfg.hidden_size, bias=True) if talker_hidden != cfg.hidden_size else nn.Identity()
         )
         self._rope: dict[tuple[torch.device, torch.dtype], dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._compiled_layers: Any = None  # compile_steps' torch.compile of _layers
-
-    def compile_steps(self) -> None:
-        """Run each step's layer stack through ``torch.compile`` (the engine's
-        ``compile_regions``): a step is ~75 small ops per layer, whose per-op cost dominates
-        on the CPU. Compiles on first use of each shape: the first step and the later ones,
-        one row and several (dims other than those are marked dynamic after a first change,
-        so the cache length and row count do not recompile). The sampler draws between the
-        steps stay eager."""
-        self._compiled_layers = torch.compile(self._layers, dynamic=None)
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """(cos, signed sin) per step, by its first position: a frame's positions are the same
@@ -80,14 +70,15 @@ class CodePredictor(nn.Module):
 
     def _step(self, x: torch.Tensor, start: int, caches: list[list[torch.Tensor] | None]) -> torch.Tensor:
         cos, sin = self._rope_tables(x.device, x.dtype)[start]
-        h, caches[:] = (self._compiled_layers or self._layers)(x, cos, sin, caches)
+        h, caches[:] = self._layers(x, cos, sin, caches)
         return h
 
     def forward(self, hidden: torch.Tensor, first_code_embed: torch.Tensor, sampler: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden`` [B, Ht] (the talker's normed last state), ``first_code_embed`` [B, Ht]
         → (residual codes [B, G-1], sum of their embeddings [B, Ht]).
 
-        The loop length is static (G-1 draws), so the whole region can be captured.
+        The loop length is static (G-1 draws), so the whole region can be captured (and
+        compiled: ``Talker.compile_regions``).
         """
         caches: list[list[torch.Tensor] | None] = [None] * len(self.model.layers)
         x = self.small_to_mtp_projection(torch.stack([hidden, first_code_embed], dim=1))

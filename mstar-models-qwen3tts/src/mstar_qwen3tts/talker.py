@@ -23,6 +23,7 @@ from mstar.model.submodule_base import (
     ModelInputsFromEngine,
     StopCheck,
 )
+from mstar.sampling.compiled_region import compile_region
 from torch import nn
 
 from mstar_qwen3tts.code_predictor import CodePredictor
@@ -73,14 +74,19 @@ class Talker(ARNodeSubmodule):
         suppress[cfg.vocab_size - len(cfg.suppressed_ids):] = True
         suppress[cfg.codec_eos_token_id] = False
         self.register_buffer("suppress_mask", suppress, persistent=False)
+        self._compiled_frame: Any = None  # compile_regions' compiled sample_frame
 
     # ---- engine contract ---------------------------------------------------------------
     def compile_regions(self) -> int:
-        # CPU only: on CUDA the frame's region is captured as a CUDA graph instead, and a
-        # compiled step inside that capture has never run.
+        """The frame region (first code, the code predictor's depth loop, the summed code
+        embeddings) compiled whole, its draws through the batch's own sampler
+        (``mstar.sampling.compiled_region``), with inductor's C++ wrapper: the region's
+        ~900 small ops of a mid-size frame become a few dozen kernels that run without the
+        GIL, so the codec's worker thread runs beside them. CPU only: on CUDA the region
+        is for CUDA graph capture, and a compiled region inside a capture has never run."""
         if self.codec_head.weight.device.type != "cpu":
             return 0
-        self.code_predictor.compile_steps()
+        self._compiled_frame = compile_region(self._sample_frame, cpp_wrapper=True)
         return 1
 
     def kv_cache_layout(self) -> KVCacheLayout:
@@ -179,6 +185,11 @@ class Talker(ARNodeSubmodule):
     def sample_frame(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
         """The captured region: first codebook (main sampler), the code predictor's depth
         loop (aux sampler), and the frame's summed code embeddings."""
+        if self._compiled_frame is not None:
+            return self._compiled_frame(static_inputs, sampler)
+        return self._sample_frame(static_inputs, sampler)
+
+    def _sample_frame(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
         first = sampler.sample(static_inputs["logits"]).tokens
         first_embed = self.model.codec_embedding(first)
         residual, residual_embed = self.code_predictor(static_inputs["hidden"], first_embed, sampler)

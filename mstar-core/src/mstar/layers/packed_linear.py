@@ -113,9 +113,9 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``, through the packed weight where ``weight`` is claimed and usable: for
     model code that computes a layer from its parameters instead of calling the module."""
-    # Inside torch.compile the weight-keyed cache cannot be traced; the compiler has its
-    # own choice of GEMM.
-    if _packed and not torch.compiler.is_compiling() and claimed(weight) and usable(x, weight):
+    # Inside torch.compile the weight-keyed cache cannot be traced (not even its length,
+    # so that test comes first); the compiler has its own choice of GEMM.
+    if not torch.compiler.is_compiling() and _packed and claimed(weight) and usable(x, weight):
         return packed_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
