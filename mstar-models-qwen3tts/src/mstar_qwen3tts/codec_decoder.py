@@ -47,6 +47,8 @@ class Codebook(nn.Module):
         self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
 
     def vectors(self) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # one fused kernel there; the cache key is not traceable
+            return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
         # Cached: a streamed chunk would otherwise pay for the whole table every time.
         key = (self.embedding_sum._version, self.cluster_usage._version, self.embedding_sum.data_ptr(),
                self.cluster_usage.data_ptr(), self.embedding_sum.device)
