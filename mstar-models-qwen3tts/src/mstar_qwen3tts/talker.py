@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from mstar.attention.compiled_layers import compile_with_attention
 from mstar.model.submodule_base import (
     ARNodeInputs,
     ARNodeSubmodule,
@@ -75,19 +76,23 @@ class Talker(ARNodeSubmodule):
         suppress[cfg.codec_eos_token_id] = False
         self.register_buffer("suppress_mask", suppress, persistent=False)
         self._compiled_frame: Any = None  # compile_regions' compiled sample_frame
+        self._compiled_stack: Any = None  # and its compiled layer stack
 
     # ---- engine contract ---------------------------------------------------------------
     def compile_regions(self) -> int:
-        """The frame region (first code, the code predictor's depth loop, the summed code
-        embeddings) compiled whole, its draws through the batch's own sampler
-        (``mstar.sampling.compiled_region``), with inductor's C++ wrapper: the region's
-        ~900 small ops of a mid-size frame become a few dozen kernels that run without the
-        GIL, so the codec's worker thread runs beside them. CPU only: on CUDA the region
-        is for CUDA graph capture, and a compiled region inside a capture has never run."""
+        """Two regions compiled whole with inductor's C++ wrapper (their ~1,200 small ops a
+        step of a mid-size checkpoint become fused kernels that run without the GIL, so the
+        codec's worker thread runs beside them): the frame region (first code, the code
+        predictor's depth loop, the summed code embeddings), its draws through the batch's
+        own sampler (``mstar.sampling.compiled_region``), and the layer stack with its
+        head, its paged attention through the step's backend
+        (``mstar.attention.compiled_layers``). CPU only: on CUDA the frame is the region for
+        CUDA graph capture, and a compiled region inside a capture has never run."""
         if self.codec_head.weight.device.type != "cpu":
             return 0
         self._compiled_frame = compile_region(self._sample_frame, cpp_wrapper=True)
-        return 1
+        self._compiled_stack = compile_with_attention(self._layer_stack, cpp_wrapper=True)
+        return 2
 
     def kv_cache_layout(self) -> KVCacheLayout:
         return KVCacheLayout(self.cfg.num_hidden_layers, self.cfg.num_key_value_heads, self.cfg.head_dim, self.dtype)
@@ -170,17 +175,24 @@ class Talker(ARNodeSubmodule):
         self, graph_walk: str, engine_inputs: ModelInputsFromEngine, input_embeds: torch.Tensor, next_text_ids: torch.Tensor
     ) -> BatchedModelOutput:
         assert engine_inputs.positions is not None
-        cos, sin = rope_cos_sin(engine_inputs.positions, self.cfg.head_dim, self.cfg.rope_theta, input_embeds.dtype)
-        cos, sin = cos[:, None, :], signed_sin(sin)[:, None, :]
-        x = input_embeds
-        for i, layer in enumerate(self.model.layers):
-            x = layer.forward_paged(x, cos, sin, engine_inputs.attention, i)
-        hidden = self.model.norm(x[engine_inputs.last_token_index.long()])
-        logits = self.codec_head(hidden).masked_fill(self.suppress_mask, float("-inf"))
+        stack = self._layer_stack if self._compiled_stack is None else self._compiled_stack
+        hidden, logits = stack(engine_inputs.attention, input_embeds, engine_inputs.positions, engine_inputs.last_token_index.long())
         region = {"hidden": hidden, "logits": logits}
         out = engine_inputs.run_region(PIECEWISE_LABEL, self.sample_frame, region)
         next_embed = out["frame_embed"] + self.text_embeds(next_text_ids)
         return BatchedModelOutput(row_outputs={"codes": out["codes"][:, None, :], "next_embed": next_embed[:, None, :]})
+
+    def _layer_stack(
+        self, attention: Any, x: torch.Tensor, positions: torch.Tensor, last: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat tokens [T, H] at ``positions`` through the layers → (the rows' normed last
+        hidden states [B, H], their codec logits with the non-codec ids suppressed)."""
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        cos, sin = cos[:, None, :], signed_sin(sin)[:, None, :]
+        for i, layer in enumerate(self.model.layers):
+            x = layer.forward_paged(x, cos, sin, attention, i)
+        hidden = self.model.norm(x[last])
+        return hidden, self.codec_head(hidden).masked_fill(self.suppress_mask, float("-inf"))
 
     def sample_frame(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
         """The captured region: first codebook (main sampler), the code predictor's depth

@@ -1,0 +1,75 @@
+"""A model's layer stack compiled by ``torch.compile``, its paged attention left to the engine.
+
+The attention backend is Python with per-step plans (block tables, decode buffers), which
+``torch.compile`` cannot trace and should not specialise on. ``compile_with_attention``
+compiles ``fn(attention, *args)`` whole with a stand-in for ``attention`` whose ``run`` is an
+opaque custom op (``mstar::paged_attention``) calling the step's real backend, bound for the
+call on this thread: the same KV writes and the same attention as eager, while the rest of
+each layer (norms, projections, rotary embedding, MLP) becomes a few fused kernels.
+
+Ordering: a layer's attention reads its own inputs and the cache of that layer only, and
+each layer's output feeds the next, so data orders every call; none is unused.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_bound = threading.local()
+
+
+def _backend() -> Any:
+    backend = getattr(_bound, "backend", None)
+    if backend is None:
+        raise RuntimeError("a compiled layer stack ran attention with no backend bound (call it through compile_with_attention)")
+    return backend
+
+
+@torch.library.custom_op("mstar::paged_attention", mutates_args=())
+def _paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
+    return _backend().run(layer, q, k, v)
+
+
+@_paged_attention.register_fake
+def _paged_attention_fake(q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
+    return torch.empty_like(q)  # [T, Hq, D]: one output per query token and head
+
+
+class _OpAttention:
+    """What a compiled layer stack sees as its attention backend."""
+
+    def run(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return torch.ops.mstar.paged_attention(q, k, v, layer)
+
+
+def compile_with_attention(fn: Callable[..., Any], *, cpp_wrapper: bool = False) -> Callable[..., Any]:
+    """``fn(attention, *args)`` (``attention``: the step's planned backend, used only through
+    ``attention.run(layer, q, k, v)``) compiled whole (``fullgraph``), called the same way.
+    Shapes compile on first use and a dimension that changes is made dynamic, as
+    ``torch.compile`` does by default. ``cpp_wrapper``: inductor's C++ wrapper (kernels run
+    without the GIL between the attention calls)."""
+    stand_in = _OpAttention()
+
+    def stack(*args: Any) -> Any:
+        return fn(stand_in, *args)
+
+    # One code object per compiled stack: dynamo's graphs (and its recompile limit) are
+    # per code object.
+    stack = types.FunctionType(stack.__code__.replace(), stack.__globals__, stack.__name__, None, stack.__closure__)
+    compiled = torch.compile(stack, fullgraph=True, options={"cpp_wrapper": True} if cpp_wrapper else {})
+
+    def run(attention: Any, *args: Any) -> Any:
+        before = getattr(_bound, "backend", None)
+        _bound.backend = attention
+        try:
+            return compiled(*args)
+        finally:
+            _bound.backend = before
+
+    return run
