@@ -7,8 +7,8 @@ mstar vs the qwen-tts 0.1.1 reference generate, on the same mid-size random chec
 ``--repeats`` runs interleaved rounds (each pipeline at each concurrency, then the reference)
 and reports the median run of each; ``--threads`` sets torch's threads on both sides (on a
 shared machine 1 avoids two OpenMP teams spinning over each other's cores); ``--compile``
-also runs mstar with ``compile_regions=True`` (the code predictor's steps through
-``torch.compile``; its warm-up also runs the largest concurrency, so the compiles happen
+also runs mstar with ``compile_regions=True`` (the talker's frame and layer stack and the
+codec's streamed decode through ``torch.compile``; its warm-up also runs the largest concurrency, so the compiles happen
 before the timed rounds); ``--baseline``
 also runs mstar with its earlier defaults (one codec row per call, the codec after the
 talker instead of beside it) on the same weights.
@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the median run is reported")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of both sides (default: torch's)")
     parser.add_argument("--compile", action="store_true",
-                        help="also mstar with compile_regions=True (the code predictor's steps through torch.compile)")
+                        help="also mstar with compile_regions=True (talker frame, layer stack and codec through torch.compile)")
     parser.add_argument("--baseline", action="store_true",
                         help="also mstar with the earlier defaults (one codec row per call, codec after the talker)")
     args = parser.parse_args()
