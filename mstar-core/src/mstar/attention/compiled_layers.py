@@ -13,27 +13,20 @@ each layer's output feeds the next, so data orders every call; none is unused.
 
 from __future__ import annotations
 
-import threading
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-_bound = threading.local()
+from mstar.compile_bound import ThreadBinding, compile_bound
 
-
-def _backend() -> Any:
-    backend = getattr(_bound, "backend", None)
-    if backend is None:
-        raise RuntimeError("a compiled layer stack ran attention with no backend bound (call it through compile_with_attention)")
-    return backend
+_backend = ThreadBinding("backend")
 
 
 @torch.library.custom_op("mstar::paged_attention", mutates_args=())
 def _paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
-    return _backend().run(layer, q, k, v)
+    return _backend.get().run(layer, q, k, v)
 
 
 @_paged_attention.register_fake
@@ -50,26 +43,11 @@ class _OpAttention:
 
 def compile_with_attention(fn: Callable[..., Any], *, cpp_wrapper: bool = False) -> Callable[..., Any]:
     """``fn(attention, *args)`` (``attention``: the step's planned backend, used only through
-    ``attention.run(layer, q, k, v)``) compiled whole (``fullgraph``), called the same way.
-    Shapes compile on first use and a dimension that changes is made dynamic, as
-    ``torch.compile`` does by default. ``cpp_wrapper``: inductor's C++ wrapper (kernels run
-    without the GIL between the attention calls)."""
+    ``attention.run(layer, q, k, v)``) compiled whole (``mstar.compile_bound``), called the
+    same way; the attention ops call ``attention``, bound for the call."""
     stand_in = _OpAttention()
 
     def stack(*args: Any) -> Any:
         return fn(stand_in, *args)
 
-    # One code object per compiled stack: dynamo's graphs (and its recompile limit) are
-    # per code object.
-    stack = types.FunctionType(stack.__code__.replace(), stack.__globals__, stack.__name__, None, stack.__closure__)
-    compiled = torch.compile(stack, fullgraph=True, options={"cpp_wrapper": True} if cpp_wrapper else {})
-
-    def run(attention: Any, *args: Any) -> Any:
-        before = getattr(_bound, "backend", None)
-        _bound.backend = attention
-        try:
-            return compiled(*args)
-        finally:
-            _bound.backend = before
-
-    return run
+    return compile_bound(stack, _backend, cpp_wrapper=cpp_wrapper)

@@ -17,15 +17,15 @@ Inside a compiled region a draw returns ``Draw`` (its ``tokens`` only: no logpro
 
 from __future__ import annotations
 
-import threading
-import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-_bound = threading.local()
+from mstar.compile_bound import ThreadBinding, compile_bound
+
+_sampler = ThreadBinding("sampler")
 
 
 class Draw(NamedTuple):
@@ -34,21 +34,14 @@ class Draw(NamedTuple):
     tokens: Tensor
 
 
-def _sampler() -> Any:
-    sampler = getattr(_bound, "sampler", None)
-    if sampler is None:
-        raise RuntimeError("a compiled region drew a token with no sampler bound (call it through compile_region)")
-    return sampler
-
-
 @torch.library.custom_op("mstar::draw_main", mutates_args=())
 def _draw_main(logits: Tensor, after: Tensor | None) -> Tensor:
-    return _sampler().sample(logits).tokens
+    return _sampler.get().sample(logits).tokens
 
 
 @torch.library.custom_op("mstar::draw_aux", mutates_args=())
 def _draw_aux(logits: Tensor, label: str, after: Tensor | None) -> Tensor:
-    return _sampler().sample_aux(label, logits).tokens
+    return _sampler.get().sample_aux(label, logits).tokens
 
 
 @_draw_main.register_fake
@@ -92,29 +85,16 @@ class _OpSampler:
 def compile_region(
     fn: Callable[[dict[str, Tensor], Any], dict[str, Any]], *, cpp_wrapper: bool = False
 ) -> Callable[[dict[str, Tensor], Any], dict[str, Any]]:
-    """``fn(static_inputs, sampler)`` compiled whole (``fullgraph``: a graph break is an
-    error, not a silent fallback), called the same way. Shapes compile on first use, and a
-    dimension that changes (e.g. the row count) is made dynamic, as ``torch.compile``
-    does by default. ``cpp_wrapper``: inductor's C++ wrapper, which runs the region's
-    kernels without the GIL (another Python thread, e.g. the engine's overlap worker,
-    then runs meanwhile) and with less per-kernel overhead; the draws take the GIL back."""
-    options = {"cpp_wrapper": True} if cpp_wrapper else {}
+    """``fn(static_inputs, sampler)`` compiled whole (``mstar.compile_bound``), called the
+    same way; the draws call ``sampler``, bound for the call."""
 
     def region(static_inputs: dict[str, Tensor]) -> tuple[dict[str, Any], tuple[Tensor, ...]]:
         stand_in = _OpSampler()
         return fn(static_inputs, stand_in), stand_in.chain_ends()
 
-    # Dynamo keeps its compiled graphs per code object, up to a recompile limit (8); one
-    # code object per region keeps regions (and engines in one process) from sharing it.
-    region = types.FunctionType(region.__code__.replace(), region.__globals__, region.__name__, None, region.__closure__)
-    compiled = torch.compile(region, fullgraph=True, options=options)
+    compiled = compile_bound(region, _sampler, cpp_wrapper=cpp_wrapper)
 
     def run(static_inputs: dict[str, Tensor], sampler: Any) -> dict[str, Any]:
-        before = getattr(_bound, "sampler", None)
-        _bound.sampler = sampler
-        try:
-            return compiled(static_inputs)[0]
-        finally:
-            _bound.sampler = before
+        return compiled(sampler, static_inputs)[0]
 
     return run
