@@ -45,8 +45,31 @@ def test_top_k_rows_draw_what_the_full_sort_and_the_reference_draw(monkeypatch, 
     batch = Sampler().sample(x, st).tokens
     assert calls == [15]  # the top_k-only rows, in one call
     assert torch.equal(batch, full_sort_tokens(monkeypatch, x, st))
+    assert calls == [15]  # the full-sort path took none (the host plan is not reused for it)
     assert torch.equal(batch, draw.draw_branch_free(x, st))
     assert check_alone_and_reference(x, rows, seeds, steps, batch) >= 0.8 * len(rows)
+
+
+@pytest.mark.parametrize("k", [1, 50, 255, 256, 5000])
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties", "suppressed"])
+def test_rows_sharing_one_top_k_draw_what_the_full_sort_and_the_reference_draw(monkeypatch, kind, k):
+    """A batch whose rows all use one top_k (a codebook sampler's usual batch) reads its cut
+    as one column of the topk; the tokens are those of the full sort and the reference, at
+    several steps of one staged batch (``with_step`` copies share its host plan)."""
+    vocab = 256
+    gen = torch.Generator().manual_seed(k + len(kind))
+    rows = [SamplingParams(temperature=t, top_k=k) for t in (0.9, 1.0, 0.7, 1.3)] * 3
+    x = suppressed_logits(len(rows), vocab, gen) if kind == "suppressed" else logits_of(kind, len(rows), vocab, gen)
+    seeds = [11 << 30 | i for i in range(len(rows))]
+    staged = SamplingTensors.from_rows(rows, seeds, [0] * len(rows))
+    for step in (0, 3, 17):
+        steps = [step + i for i in range(len(rows))]
+        st = staged.with_step(torch.tensor(steps))
+        batch = Sampler().sample(x, st).tokens
+        fresh = SamplingTensors.from_rows(rows, seeds, steps)
+        assert torch.equal(batch, full_sort_tokens(monkeypatch, x, fresh))
+        assert torch.equal(batch, draw.draw_branch_free(x, fresh))
+        assert check_alone_and_reference(x, rows, seeds, steps, batch) >= 0.8 * len(rows)
 
 
 def test_large_vocabularies_keep_the_candidate_levels(monkeypatch):

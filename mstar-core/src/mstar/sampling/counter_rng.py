@@ -67,13 +67,22 @@ def _mix64_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def row_keys(seeds: list[int]) -> list[int]:
+    """Each int64 seed mixed into its SplitMix64 state (``random_bits``' ``key``), as an
+    unsigned Python int: a row's part of its draws that does not change with the step."""
+    return [_mix64_int(seed & _MASK64) for seed in seeds]
+
+
+def uniform_of_keys(keys: list[int], steps: list[int]) -> list[float]:
+    """``uniform(seed, step)`` from ``row_keys(seeds)``: the same float64 values, bit for bit."""
+    gamma = GOLDEN_GAMMA & _MASK64
+    return [
+        (_mix64_int((key + ((step + 1) & _MASK64) * gamma) & _MASK64) >> 11) * 2.0**-53
+        for key, step in zip(keys, steps, strict=True)
+    ]
+
+
 def uniform_host(seeds: list[int], steps: list[int]) -> list[float]:
     """``uniform(seed, step)`` for int64 seeds and steps given as Python ints: the same
     float64 values, bit for bit."""
-    gamma = GOLDEN_GAMMA & _MASK64
-    out = []
-    for seed, step in zip(seeds, steps, strict=True):
-        key = _mix64_int(seed & _MASK64)
-        bits = _mix64_int((key + ((step + 1) & _MASK64) * gamma) & _MASK64)
-        out.append((bits >> 11) * 2.0**-53)
-    return out
+    return uniform_of_keys(row_keys(seeds), steps)

@@ -34,7 +34,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from mstar.sampling.counter_rng import uniform, uniform_host
+from mstar.sampling.counter_rng import uniform, uniform_of_keys
+from mstar.sampling.host_plan import RowGroup, host_plan
 from mstar.sampling.tensors import SamplingTensors
 from mstar.sampling.vocab_groups import GROUP, TopGroups, VocabGroups
 
@@ -67,10 +68,14 @@ def inverse_cdf(weights: Tensor, u: Tensor, host: bool = False) -> Tensor:
     vocab = weights.shape[1]
     cdf = torch.cumsum(weights, dim=1, dtype=torch.float64)
     target = u.unsqueeze(1) * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1).squeeze(1)
+    idx = torch.searchsorted(cdf, target, right=True)
+    # On the CPU a row's cumsum is sequential, so a zero weight leaves it exactly flat:
+    # the first index whose cdf exceeds target (>= 0) then has a positive weight, and only
+    # a row whose target reaches its total (no such index) needs the fallback.
+    if host and int(idx.max()) < vocab:
+        return idx.squeeze(1)
+    idx = idx.clamp_(max=vocab - 1).squeeze(1)
     ok = weights.gather(1, idx.unsqueeze(1)).squeeze(1) > 0
-    if host and bool(ok.all()):
-        return idx
     last_positive = (vocab - 1) - (weights > 0).flip(1).to(torch.uint8).argmax(dim=1)
     return torch.where(ok, idx, last_positive)
 
@@ -340,78 +345,61 @@ def _whole_row_first(vocab: int, max_k: int) -> bool:
     return next(_levels(vocab, max_k))[0] == "all"
 
 
-def _draw_top_k(x: Tensor, temperature: Tensor, top_k: Tensor, u: Tensor, divide: bool, max_k: int) -> Tensor:
+def _draw_top_k(x: Tensor, temperature: Tensor, top_k: Tensor | int, u: Tensor, divide: bool, max_k: int) -> Tensor:
     """Tokens [b] of rows with top_k and no other filter, over a small vocabulary.
 
     What ``_draw_full`` with its full sort draws for them, without the sort: their cut
     is the k-th largest scaled logit (``_cut`` with top_p off and min_p 0; ``topk``
     returns the row's own values, so it is the same float), every id at or above it is
     kept, ties included, and the inverse CDF runs over the kept weights in vocabulary
-    order. ``temperature`` float32 [b, 1], ``top_k`` int64 [b, 1] (> 0), ``u`` float64 [b];
-    ``max_k`` is the largest of ``top_k`` (known on the host).
+    order. ``temperature`` float32 [b, 1], ``top_k`` int64 [b, 1] (> 0) or the one k of
+    every row, ``u`` float64 [b]; ``max_k`` is the largest of ``top_k`` (known on the host).
     """
     vocab = x.shape[1]
     d = _scaled(x, x.amax(dim=1, keepdim=True), temperature, divide)
-    k = top_k.clamp(max=vocab)
-    thresh = torch.topk(d, min(max_k, vocab), dim=1, sorted=True).values.gather(1, k - 1)
+    top = torch.topk(d, min(max_k, vocab), dim=1, sorted=True).values
+    if isinstance(top_k, int):  # every row's k-th value is the same column
+        thresh = top[:, min(top_k, vocab) - 1 :]
+    else:
+        thresh = top.gather(1, top_k.clamp(max=vocab) - 1)
     return inverse_cdf(torch.where(d >= thresh, d.exp(), 0.0), u, host=True)
 
 
 def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
     """Rows split by kind; each kind pays only for what it needs. Host reads are free on
-    the CPU: the rows' parameters are read once, and their uniforms computed in Python
-    integers (``uniform_host``, the same bits as ``uniform``)."""
-    batch = x.shape[0]
-    temps = st.temperature.tolist()
-    top_k = st.top_k.tolist()
-    top_p = st.top_p.tolist()
-    min_p = st.min_p.tolist()
-    greedy = [i for i in range(batch) if temps[i] == 0]
-    sampled = [i for i in range(batch) if temps[i] != 0]
-    filtered = [i for i in sampled if top_k[i] > 0 or top_p[i] < 1 or min_p[i] > 0]
-    plain = [i for i in sampled if top_k[i] <= 0 and top_p[i] >= 1 and min_p[i] <= 0]
-    top_k_only: list[int] = []
-    if filtered and _whole_row_first(x.shape[1], max(top_k[i] for i in filtered)):
-        top_k_only = [i for i in filtered if top_k[i] > 0 and top_p[i] >= 1 and min_p[i] <= 0]
-        filtered = [i for i in filtered if not (top_k[i] > 0 and top_p[i] >= 1 and min_p[i] <= 0)]
+    the CPU: the rows' parameters are read once per batch (``mstar.sampling.host_plan``),
+    and their uniforms computed in Python integers (the same bits as ``uniform``)."""
+    batch, vocab = x.shape
+    plan = host_plan(st.temperature, st.top_k, st.top_p, st.min_p, st.seed, st.host, vocab, _whole_row_first)
     u_all: Tensor | None = None
-    if sampled:
-        u_all = torch.tensor(uniform_host(st.seed.tolist(), st.step.tolist()), dtype=torch.float64)
+    if plan.sampled:
+        u_all = torch.tensor(uniform_of_keys(plan.keys, st.step.tolist()), dtype=torch.float64)
     parts: list[tuple[list[int], Tensor]] = []
 
-    def rows_of(idx: list[int]) -> tuple[Tensor | None, Tensor]:
-        """(their index, or None for the whole batch; their logits)."""
-        if len(idx) == batch:
-            return None, x
-        sel = torch.tensor(idx, dtype=torch.int64)
-        return sel, x.index_select(0, sel)
+    def rows_of(group: RowGroup) -> Tensor:
+        return x if group.sel is None else x.index_select(0, group.sel)
 
-    def col(t: Tensor, sel: Tensor | None) -> Tensor:
-        return t if sel is None else t.index_select(0, sel)
+    def col(t: Tensor, group: RowGroup) -> Tensor:
+        return t if group.sel is None else t.index_select(0, group.sel)
 
-    if greedy:
-        _, xs = rows_of(greedy)
-        parts.append((greedy, _greedy(VocabGroups.of(xs))))
-    if top_k_only:
+    if plan.greedy is not None:
+        parts.append((plan.greedy.rows, _greedy(VocabGroups.of(rows_of(plan.greedy)))))
+    if (group := plan.top_k_only) is not None:
         assert u_all is not None
-        sel, xs = rows_of(top_k_only)
-        divide = any(temps[i] != 1 for i in top_k_only)
-        drawn = _draw_top_k(xs, col(st.temperature, sel).unsqueeze(1), col(st.top_k, sel).unsqueeze(1),
-                            col(u_all, sel), divide, max(top_k[i] for i in top_k_only))
-        parts.append((top_k_only, drawn))
-    if filtered or plain:
+        k = group.same_k if group.same_k is not None else col(st.top_k, group).unsqueeze(1)
+        drawn = _draw_top_k(rows_of(group), col(st.temperature, group).unsqueeze(1), k, col(u_all, group),
+                            group.divide, group.max_k)
+        parts.append((group.rows, drawn))
+    if plan.filtered is not None or plan.plain is not None:
         rows_all = _Rows.of(st, st.temperature, u_all)
-    if filtered:
-        sel, xs = rows_of(filtered)
-        divide = any(temps[i] != 1 for i in filtered)
-        rows = rows_all if sel is None else rows_all.take(sel)
-        parts.append((filtered, _filtered(VocabGroups.of(xs), rows, divide)))
-    if plain:
-        sel, xs = rows_of(plain)
-        divide = any(temps[i] != 1 for i in plain)
-        m = xs.amax(dim=1, keepdim=True)
-        rows = rows_all if sel is None else rows_all.take(sel)
-        parts.append((plain, _draw_full(xs, m, rows, None, cut=False, divide=divide, host=True)))
+    if (group := plan.filtered) is not None:
+        rows = rows_all if group.sel is None else rows_all.take(group.sel)
+        parts.append((group.rows, _filtered(VocabGroups.of(rows_of(group)), rows, group.divide)))
+    if (group := plan.plain) is not None:
+        xs = rows_of(group)
+        rows = rows_all if group.sel is None else rows_all.take(group.sel)
+        parts.append((group.rows, _draw_full(xs, xs.amax(dim=1, keepdim=True), rows, None, cut=False,
+                                             divide=group.divide, host=True)))
     if len(parts) == 1:
         return parts[0][1]  # one kind of row: its draw is the batch's, in order
     tokens = torch.empty(batch, dtype=torch.int64)
