@@ -138,8 +138,8 @@ def test_each_replica_is_an_engine_process(spread):
     }
     assert len({e["pid"] for e in health["engines"].values()}) == 4
     assert spread.metric("mstar_engine_up", engine="dec_g", replica="1") == 1
-    # The warm-up ran once on each replica (pinned), before the port opened.
-    assert wait_for(lambda: replica_requests(spread, "lm_g") == replica_requests(spread, "dec_g") == [1, 1]), replica_requests(spread, "lm_g")
+    # The warm-up ran on each replica (pinned) before the port opened: alone, then as two copies at once.
+    assert wait_for(lambda: replica_requests(spread, "lm_g") == replica_requests(spread, "dec_g") == [3, 3]), replica_requests(spread, "lm_g")
 
 
 @pytest.mark.parametrize("i", range(len(REQUESTS)))

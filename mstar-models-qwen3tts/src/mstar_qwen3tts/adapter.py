@@ -226,7 +226,11 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
         return self._engine_request(prompt)
 
     def warmup_request(self) -> SpeechRequest:
-        fields: dict[str, Any] = {"model": "", "input": "Hi", "max_tokens": 2, "temperature": 0}
+        # Frames for a first chunk, a whole chunk and a shorter last one: each of the codec's
+        # chunk shapes is met (compile_regions compiles each on its first call).
+        s = self.cfg.streaming
+        frames = s.first_chunk + s.chunk + s.chunk // 2 + 1
+        fields: dict[str, Any] = {"model": "", "input": "Hi", "max_tokens": frames, "min_tokens": frames, "temperature": 0}
         if self.cfg.tts_model_type == CUSTOM_VOICE:
             fields["voice"] = self.cfg.speakers[0]
         elif self.cfg.tts_model_type == VOICE_DESIGN:

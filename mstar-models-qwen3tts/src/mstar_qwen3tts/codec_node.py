@@ -68,10 +68,12 @@ class CodecNode(NodeSubmodule):
         without the GIL, so the talker's steps on the engine's other thread no longer wait
         for the codec's Python between them. CPU and stateful only (on CUDA, or re-decoding
         left context, it compiles nothing). Audio equals eager up to float rounding, and a
-        row's arithmetic still depends only on its own call's fixed size."""
+        row's arithmetic still depends only on its own call's fixed size. Compiled with
+        dynamic shapes from the first call: a stream's chunks come in several lengths (the
+        first chunk, whole ones, a shorter last one), and each would otherwise compile anew."""
         if not self.stateful or self.decoder.pre_conv.conv.weight.device.type != "cpu":
             return 0
-        self._compiled_decoder = torch.compile(self.decoder, options={"cpp_wrapper": True})
+        self._compiled_decoder = torch.compile(self.decoder, dynamic=True, options={"cpp_wrapper": True})
         return 1
 
     def get_autocast_dtype(self) -> torch.dtype:

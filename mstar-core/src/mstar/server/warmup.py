@@ -1,7 +1,10 @@
 """The warm-up request: one small request through the whole path (preprocess pool, every
 engine, cross-process streams) before the port opens, so the first client request pays no
-first-use costs. With replicated groups it runs once per replica index, concurrently, each
-run pinned to replica i of every replicated group (i modulo that group's count)."""
+first-use costs. It runs alone, then as two copies at once, so the nodes' several-row
+shapes are met too (``compile_regions`` compiles each new shape on its first call, tens of
+seconds on a small CPU; the second copy makes the batch dimension a dynamic one). With
+replicated groups each round runs on every replica index, concurrently, each run pinned to
+replica i of every replicated group (i modulo that group's count)."""
 
 from __future__ import annotations
 
@@ -32,7 +35,9 @@ async def warm_up(rt: ServerRuntime) -> None:
         endpoint = CHAT if CHAT in rt.adapter.endpoints and hasattr(request, "messages") else SPEECH
         sampling = request_sampling(request, max_tokens=("max_tokens", getattr(request, "max_tokens", None)))
     rounds = max(len(names) for names in rt.placement.group_engines().values())
-    await asyncio.gather(*(_run(rt, endpoint, request, sampling, i if rounds > 1 else None) for i in range(rounds)))
+    replicas = [i if rounds > 1 else None for i in range(rounds)]
+    for copies in (1, 2):
+        await asyncio.gather(*(_run(rt, endpoint, request, sampling, r) for r in replicas for _ in range(copies)))
 
 
 async def _run(rt: ServerRuntime, endpoint: str, request: Any, sampling: Any, replica: int | None) -> None:
