@@ -376,27 +376,25 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
         u_all = torch.tensor(uniform_of_keys(plan.keys, st.step.tolist()), dtype=torch.float64)
     parts: list[tuple[list[int], Tensor]] = []
 
-    def rows_of(group: RowGroup) -> Tensor:
-        return x if group.sel is None else x.index_select(0, group.sel)
-
     def col(t: Tensor, group: RowGroup) -> Tensor:
+        """The group's rows of ``t`` (the logits or a parameter column)."""
         return t if group.sel is None else t.index_select(0, group.sel)
 
     if plan.greedy is not None:
-        parts.append((plan.greedy.rows, _greedy(VocabGroups.of(rows_of(plan.greedy)))))
+        parts.append((plan.greedy.rows, _greedy(VocabGroups.of(col(x, plan.greedy)))))
     if (group := plan.top_k_only) is not None:
         assert u_all is not None
         k = group.same_k if group.same_k is not None else col(st.top_k, group).unsqueeze(1)
-        drawn = _draw_top_k(rows_of(group), col(st.temperature, group).unsqueeze(1), k, col(u_all, group),
+        drawn = _draw_top_k(col(x, group), col(st.temperature, group).unsqueeze(1), k, col(u_all, group),
                             group.divide, group.max_k)
         parts.append((group.rows, drawn))
     if plan.filtered is not None or plan.plain is not None:
         rows_all = _Rows.of(st, st.temperature, u_all)
     if (group := plan.filtered) is not None:
         rows = rows_all if group.sel is None else rows_all.take(group.sel)
-        parts.append((group.rows, _filtered(VocabGroups.of(rows_of(group)), rows, group.divide)))
+        parts.append((group.rows, _filtered(VocabGroups.of(col(x, group)), rows, group.divide)))
     if (group := plan.plain) is not None:
-        xs = rows_of(group)
+        xs = col(x, group)
         rows = rows_all if group.sel is None else rows_all.take(group.sel)
         parts.append((group.rows, _draw_full(xs, xs.amax(dim=1, keepdim=True), rows, None, cut=False,
                                              divide=group.divide, host=True)))

@@ -269,9 +269,7 @@ class CudaGraphableSampler:
             ids = self._seen.get(slot, ())
             rows.extend([row] * len(ids))
             cols.extend(ids)
-        # Through an int64 array: ~3x faster than torch.tensor on a list of a few hundred ints.
-        r = torch.frombuffer(array.array("q", rows), dtype=torch.int64) if rows else torch.empty(0, dtype=torch.int64)
-        c = torch.frombuffer(array.array("q", cols), dtype=torch.int64) if cols else torch.empty(0, dtype=torch.int64)
+        r, c = _int64(rows), _int64(cols)
         return SeenTokens(r, c, self._counts[slot_ids[r], c])
 
     def _check_slot(self, slot: int) -> None:
@@ -305,3 +303,9 @@ class CudaGraphableSampler:
         self._max_top_logprobs = max((p.top_logprobs for p in params), default=0)
         self._any_sampled = any(not p.is_greedy for p in params)
         self._any_logprobs = any(p.logprobs for p in params)
+
+
+def _int64(values: list[int]) -> Tensor:
+    """int64 [N] of ``values``, through an int64 array: ~3x faster than ``torch.tensor`` on a
+    list of a few hundred ints (``frombuffer`` refuses an empty buffer)."""
+    return torch.frombuffer(array.array("q", values), dtype=torch.int64) if values else torch.empty(0, dtype=torch.int64)

@@ -50,10 +50,6 @@ class HostPlan:
     plain: RowGroup | None
 
     @property
-    def groups(self) -> list[RowGroup]:
-        return [g for g in (self.greedy, self.top_k_only, self.filtered, self.plain) if g is not None]
-
-    @property
     def sampled(self) -> bool:
         return any(g is not None for g in (self.top_k_only, self.filtered, self.plain))
 
