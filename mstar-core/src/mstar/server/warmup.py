@@ -1,8 +1,8 @@
 """The warm-up request: one small request through the whole path (preprocess pool, every
 engine, cross-process streams) before the port opens, so the first client request pays no
-first-use costs. It runs alone, then as two copies at once, so the nodes' several-row
-shapes are met too (``compile_regions`` compiles each new shape on its first call, tens of
-seconds on a small CPU; the second copy makes the batch dimension a dynamic one). With
+first-use costs. It runs alone, then as two copies at once, so the nodes usually meet
+several-row shapes too (``compile_regions`` compiles each new shape on its first call,
+tens of seconds on a small CPU); the copies share a batch only if they arrive together. With
 replicated groups each round runs on every replica index, concurrently, each run pinned to
 replica i of every replicated group (i modulo that group's count)."""
 
