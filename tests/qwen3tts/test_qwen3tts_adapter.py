@@ -84,6 +84,11 @@ def test_adapter_pickles_without_its_tokenizer(adapter) -> None:
 def test_warmup_request_is_valid(adapter) -> None:
     warm = adapter.warmup_request()
     assert adapter.speech_inputs(warm).inputs["text_ids"].numel() > 0
+    # Frames for the first chunk, a whole one and a shorter last one (each a codec shape
+    # compile_regions compiles), and no early stop before them.
+    s = adapter.cfg.streaming
+    assert warm.min_tokens == warm.max_tokens
+    assert (warm.max_tokens - s.first_chunk - s.chunk) % s.chunk > 0 and warm.max_tokens > s.first_chunk + s.chunk
 
 
 def test_checkpoint_resolves_by_architecture(tiny_ckpt) -> None:
