@@ -27,7 +27,7 @@ def suppressed_logits(rows: int, vocab: int, gen: torch.Generator) -> torch.Tens
 def full_sort_tokens(monkeypatch, x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """The tokens of the path before the topk one (every filtered row through the levels)."""
     with monkeypatch.context() as m:
-        m.setattr(draw, "_whole_row_first", lambda vocab, max_k: False)
+        m.setattr(draw, "whole_row_first", lambda vocab, max_k: False)
         return draw.draw_cpu(x, st)
 
 

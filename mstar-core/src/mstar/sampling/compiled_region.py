@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from mstar.compile_bound import ThreadBinding, compile_bound
+from mstar.sampling import native_draw
 
 _sampler = ThreadBinding("sampler")
 
@@ -65,8 +66,9 @@ class _OpSampler:
     last draw of every label leaves the graph as an output (``chain_ends``). Draws of
     different labels are not ordered: their counters are independent."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: bool) -> None:
         self._last: dict[str, Tensor] = {}
+        self._native = native
 
     def sample(self, logits: Tensor) -> Draw:
         tokens = torch.ops.mstar.draw_main(logits, self._last.get(""))
@@ -74,7 +76,10 @@ class _OpSampler:
         return Draw(tokens)
 
     def sample_aux(self, label: str, logits: Tensor) -> Draw:
-        tokens = torch.ops.mstar.draw_aux(logits, label, self._last.get(label))
+        if self._native:
+            tokens = torch.ops.mstar_native.draw_aux(logits, native_draw.label_id(label), self._last.get(label))
+        else:
+            tokens = torch.ops.mstar.draw_aux(logits, label, self._last.get(label))
         self._last[label] = tokens
         return Draw(tokens)
 
@@ -88,13 +93,21 @@ def compile_region(
     """``fn(static_inputs, sampler)`` compiled whole (``mstar.compile_bound``), called the
     same way; the draws call ``sampler``, bound for the call."""
 
+    native = native_draw.native_module()
+
     def region(static_inputs: dict[str, Tensor]) -> tuple[dict[str, Any], tuple[Tensor, ...]]:
-        stand_in = _OpSampler()
+        stand_in = _OpSampler(native is not None)
         return fn(static_inputs, stand_in), stand_in.chain_ends()
 
     compiled = compile_bound(region, _sampler, cpp_wrapper=cpp_wrapper)
 
     def run(static_inputs: dict[str, Tensor], sampler: Any) -> dict[str, Any]:
-        return compiled(sampler, static_inputs)[0]
+        if native is None:
+            return compiled(sampler, static_inputs)[0]
+        native_draw.bind(native, sampler)
+        try:
+            return compiled(sampler, static_inputs)[0]
+        finally:
+            native.unbind()
 
     return run

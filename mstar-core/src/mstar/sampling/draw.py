@@ -339,7 +339,7 @@ def _filtered(groups: VocabGroups, rows: _Rows, divide: bool) -> Tensor:
     raise AssertionError("the last level holds the whole vocabulary")
 
 
-def _whole_row_first(vocab: int, max_k: int) -> bool:
+def whole_row_first(vocab: int, max_k: int) -> bool:
     """Whether the candidate levels start with the whole vocabulary (small vocabularies,
     e.g. a TTS codebook of a few thousand ids): no candidate set is smaller than the row."""
     return next(_levels(vocab, max_k))[0] == "all"
@@ -370,7 +370,7 @@ def draw_cpu(x: Tensor, st: SamplingTensors) -> Tensor:
     the CPU: the rows' parameters are read once per batch (``mstar.sampling.host_plan``),
     and their uniforms computed in Python integers (the same bits as ``uniform``)."""
     batch, vocab = x.shape
-    plan = host_plan(st.temperature, st.top_k, st.top_p, st.min_p, st.seed, st.host, vocab, _whole_row_first)
+    plan = host_plan(st.temperature, st.top_k, st.top_p, st.min_p, st.seed, st.host, vocab, whole_row_first)
     u_all: Tensor | None = None
     if plan.sampled:
         u_all = torch.tensor(uniform_of_keys(plan.keys, st.step.tolist()), dtype=torch.float64)

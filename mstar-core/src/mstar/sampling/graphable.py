@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from mstar.sampling.draw import whole_row_first
+from mstar.sampling.host_plan import host_plan
 from mstar.sampling.kernel import sample_batch
 from mstar.sampling.params import SamplingParams
 from mstar.sampling.seeds import MAX_SEED
@@ -225,6 +227,25 @@ class CudaGraphableSampler:
         out = sample_batch(logits, st, counts, prompt, stop, seen)
         self.commit(slot_ids, out.tokens, advance)
         return out
+
+    def native_top_k_rows(self, slot_ids: Tensor, advance: Tensor | None = None) -> tuple | None:
+        """What ``mstar_native::draw_aux`` needs to draw this batch itself
+        (``mstar.sampling.native_draw``): a tuple where every row samples with top_k alone
+        over a vocabulary small enough that ``draw_cpu`` takes its one-``topk`` path and the
+        label keeps no penalty or stop history (a draw would have to count into it), else
+        None. The op advances this sampler's step counters in place, as ``commit`` does."""
+        if self.device.type != "cpu" or self._counts is not None or self._stop_mask is not None:
+            return None
+        slot_ids = slot_ids.to(dtype=torch.int64).contiguous()
+        st = self.stage(slot_ids)
+        plan = host_plan(st.temperature, st.top_k, st.top_p, st.min_p, st.seed, st.host, self.vocab_size,
+                         whole_row_first)
+        group = plan.top_k_only
+        if group is None or group.sel is not None:  # no such rows, or not all of them
+            return None
+        adv = torch.ones_like(slot_ids) if advance is None else advance.to(torch.int64).contiguous()
+        return (self._step, slot_ids, adv, plan.keys, st.temperature.unsqueeze(1), group.divide,
+                st.top_k.unsqueeze(1), group.same_k or 0, group.max_k)
 
     def commit(self, slot_ids: Tensor, tokens: Tensor, advance: Tensor | None = None) -> None:
         """Advance step counters and count ``tokens`` for rows with ``advance`` True."""

@@ -68,7 +68,7 @@ def host_plan(
     slot: HostPlanSlot, vocab: int, whole_row_first: Callable[[int, int], bool],
 ) -> HostPlan:
     """The batch's plan over a vocabulary of ``vocab`` ids; ``whole_row_first(vocab, max_k)``
-    says whether rows with top_k alone skip the candidate levels (``draw._whole_row_first``)."""
+    says whether rows with top_k alone skip the candidate levels (``draw.whole_row_first``)."""
     key = (vocab, whole_row_first)
     plan = slot.plans.get(key)
     if plan is None:

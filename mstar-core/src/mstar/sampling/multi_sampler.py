@@ -151,6 +151,10 @@ class BatchSampler:
     def labels(self) -> frozenset[str]:
         return self.sampler.labels
 
+    @property
+    def aux_labels(self) -> frozenset[str]:
+        return self.sampler.aux_labels
+
     def sample(self, logits: Tensor) -> SampleOutput:
         out = self.sampler.sample(logits, self.slot_ids, self.advance)
         self._record(out.tokens)
@@ -160,6 +164,13 @@ class BatchSampler:
 
     def sample_aux(self, label: str, logits: Tensor) -> SampleOutput:
         return self.sampler.sample_aux(label, logits, self.slot_ids, self.advance)
+
+    def native_top_k_rows(self, label: str) -> tuple | None:
+        """``CudaGraphableSampler.native_top_k_rows`` of aux ``label`` for this batch (None
+        for another label): for ``mstar.sampling.native_draw``."""
+        if label not in self.sampler.aux_labels:
+            return None
+        return self.sampler.samplers[label].native_top_k_rows(self.slot_ids, self.advance)
 
     def subset(self, rows: Tensor) -> BatchSampler:
         """Handle for a subset of the batch (index or bool tensor over its rows).

@@ -1,0 +1,153 @@
+"""``mstar_native::draw_aux`` (``mstar.sampling.native_draw``): the C++ draw of batches whose
+rows all sample with top_k alone must give the Python sampler's tokens and step counters
+bit for bit; every other batch must reach the Python sampler; compiled regions use it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from mstar.sampling import SamplingParams, native_draw
+from mstar.sampling.compiled_region import compile_region
+from mstar.sampling.graphable import CudaGraphableSampler
+from test_sampling_fast_paths import logits_of
+from test_sampling_multi import make_sampler, resolved
+
+NATIVE = native_draw.native_module()
+pytestmark = pytest.mark.skipif(NATIVE is None, reason="no C++ toolchain to build the native draw")
+
+TOP_K_ROWS = [
+    [dict(temperature=0.9, top_k=50)] * 8,  # Qwen3-TTS's code predictor defaults
+    [dict(temperature=1.0, top_k=50)],
+    [dict(temperature=0.9, top_k=50), dict(temperature=1.0, top_k=7), dict(temperature=0.6, top_k=1)],
+    [dict(temperature=1.3, top_k=5000), dict(temperature=0.8, top_k=3)] * 3,
+]
+OTHER_ROWS = [
+    [dict(temperature=0.9, top_k=50), dict(temperature=0.0)],  # a greedy row
+    [dict(temperature=0.9, top_k=50, top_p=0.8)],
+    [dict(temperature=0.9, top_k=50), dict(temperature=1.0, top_k=20, min_p=0.05)],
+    [dict(temperature=0.9)],
+    [dict(temperature=0.9, top_k=50, repetition_penalty=1.3)],  # keeps output history
+]
+
+
+def _samplers(rows: list[dict], vocab: int) -> tuple[CudaGraphableSampler, CudaGraphableSampler]:
+    pair = CudaGraphableSampler(12, vocab), CudaGraphableSampler(12, vocab)
+    for s in pair:
+        for i, p in enumerate(rows):
+            s.add_request(2 + i, SamplingParams(**p), seed=(i * 7919 + 13) << (i % 40), prompt_ids=[i % vocab])
+    return pair
+
+
+def _raise(logits: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("the native draw called its fallback")
+
+
+def _native(sampler: CudaGraphableSampler, logits, slots, advance, fallback=_raise) -> torch.Tensor:
+    label = native_draw.label_id("test-native")
+    NATIVE.bind([None] * label + [(fallback, sampler.native_top_k_rows(slots, advance))], None)
+    try:
+        return torch.ops.mstar_native.draw_aux(logits, label, None)
+    finally:
+        NATIVE.unbind()
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties", "suppressed"])
+@pytest.mark.parametrize("vocab", [11, 256, 2048, 3072])
+@pytest.mark.parametrize("case", range(len(TOP_K_ROWS)))
+def test_top_k_batches_draw_the_python_samplers_tokens_and_steps(kind, vocab, case):
+    rows = TOP_K_ROWS[case]
+    python, native = _samplers(rows, vocab)
+    slots = torch.arange(2, 2 + len(rows))
+    gen = torch.Generator().manual_seed(vocab * 31 + case)
+    for step in range(6):
+        if kind == "suppressed":  # the talker's shape: -inf beyond the first eighth
+            x = torch.randn(len(rows), vocab, generator=gen) * 3
+            x[:, max(1, vocab // 8):] = float("-inf")
+        else:
+            x = logits_of(kind, len(rows), vocab, gen)
+        advance = None if step % 3 else torch.arange(len(rows)) % 2 == 0  # some rows stay put
+        want = python.sample(x, slots, advance).tokens
+        got = _native(native, x, slots, advance)
+        assert torch.equal(got, want), (step, got, want)
+        assert torch.equal(native.step_counters, python.step_counters)
+
+
+@pytest.mark.parametrize("case", range(len(OTHER_ROWS)))
+def test_other_batches_are_drawn_by_the_python_sampler(case):
+    rows = OTHER_ROWS[case]
+    python, native = _samplers(rows, 256)
+    slots = torch.arange(2, 2 + len(rows))
+    assert native.native_top_k_rows(slots) is None
+    calls = []
+
+    def fallback(logits: torch.Tensor) -> torch.Tensor:
+        calls.append(logits.shape)
+        return native.sample(logits, slots).tokens
+
+    gen = torch.Generator().manual_seed(case)
+    for _ in range(3):
+        x = logits_of("peaked", len(rows), 256, gen)
+        assert torch.equal(_native(native, x, slots, None, fallback), python.sample(x, slots).tokens)
+    assert len(calls) == 3
+    assert torch.equal(native.step_counters, python.step_counters)
+
+
+def test_a_draw_with_nothing_bound_says_so():
+    label = native_draw.label_id("test-native-unbound")
+    with pytest.raises(RuntimeError, match="no sampler bound"):
+        torch.ops.mstar_native.draw_aux(torch.zeros(2, 5), label, None)
+
+
+TABLE = torch.randn(24, 16, generator=torch.Generator().manual_seed(5))
+
+
+def depth_loop(inputs: dict[str, torch.Tensor], sampler) -> dict[str, torch.Tensor]:
+    """A code predictor's shape: each aux draw feeds the next one's logits."""
+    h, codes = inputs["h"], []
+    for _ in range(4):
+        code = sampler.sample_aux("talker", torch.tanh(h) @ TABLE.T).tokens
+        h = h + TABLE[code]
+        codes.append(code)
+    return {"codes": torch.stack(codes, dim=1)}
+
+
+def test_a_compiled_region_draws_top_k_rows_natively_and_as_eager_does(monkeypatch):
+    calls = []
+    real = native_draw._Fallback.__call__
+    monkeypatch.setattr(native_draw._Fallback, "__call__", lambda self, logits: calls.append(1) or real(self, logits))
+    compiled = compile_region(depth_loop, cpp_wrapper=True)
+
+    def bound(rows: int):
+        sampler = make_sampler(max_slots=8)  # "talker": temperature 0.9, top_k 3
+        for slot in range(rows):
+            sampler.add_request(slot, resolved({"aux": {"talker": {"seed": 40 + slot}}}))
+        return sampler, sampler.bind(torch.arange(rows))
+
+    for rows in (3, 5):
+        inputs = {"h": torch.randn(rows, 16, generator=torch.Generator().manual_seed(rows))}
+        (eager, eager_batch), (comp, comp_batch) = bound(rows), bound(rows)
+        for _ in range(2):
+            assert torch.equal(compiled(inputs, comp_batch)["codes"], depth_loop(inputs, eager_batch)["codes"])
+        assert torch.equal(comp.samplers["talker"].step_counters, eager.samplers["talker"].step_counters)
+    assert calls == []  # every draw was the C++ one
+
+
+def test_a_thread_that_drew_natively_exits_cleanly():
+    """The op's per-thread state holds no Python object once unbound: one released at
+    thread exit, without the GIL, aborts the process (an engine thread ending did)."""
+    code = (
+        "import threading\n"
+        "from mstar.sampling import native_draw\n"
+        "m = native_draw.native_module()\n"
+        "def work():\n"
+        "    m.bind([None], lambda label: None)\n"
+        "    m.unbind()\n"
+        "t = threading.Thread(target=work)\n"
+        "t.start(); t.join()\n"
+        "print('exited')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "exited" in done.stdout, done.stderr[-2000:]
