@@ -9,13 +9,14 @@ import sys
 
 import pytest
 import torch
+from mstar.native import native_module
 from mstar.sampling import SamplingParams, native_draw
 from mstar.sampling.compiled_region import compile_region
 from mstar.sampling.graphable import CudaGraphableSampler
 from test_sampling_fast_paths import logits_of
 from test_sampling_multi import make_sampler, resolved
 
-NATIVE = native_draw.native_module()
+NATIVE = native_module()
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="no C++ toolchain to build the native draw")
 
 TOP_K_ROWS = [
@@ -47,11 +48,11 @@ def _raise(logits: torch.Tensor) -> torch.Tensor:
 
 def _native(sampler: CudaGraphableSampler, logits, slots, advance, fallback=_raise) -> torch.Tensor:
     label = native_draw.label_id("test-native")
-    NATIVE.bind([None] * label + [(fallback, sampler.native_top_k_rows(slots, advance))], None)
+    NATIVE.bind_draws([None] * label + [(fallback, sampler.native_top_k_rows(slots, advance))], None)
     try:
         return torch.ops.mstar_native.draw_aux(logits, label, None)
     finally:
-        NATIVE.unbind()
+        NATIVE.unbind_draws()
 
 
 @pytest.mark.parametrize("kind", ["peaked", "flat", "ties", "suppressed"])
@@ -140,11 +141,11 @@ def test_a_thread_that_drew_natively_exits_cleanly():
     thread exit, without the GIL, aborts the process (an engine thread ending did)."""
     code = (
         "import threading\n"
-        "from mstar.sampling import native_draw\n"
-        "m = native_draw.native_module()\n"
+        "from mstar.native import native_module\n"
+        "m = native_module()\n"
         "def work():\n"
-        "    m.bind([None], lambda label: None)\n"
-        "    m.unbind()\n"
+        "    m.bind_draws([None], lambda label: None)\n"
+        "    m.unbind_draws()\n"
         "t = threading.Thread(target=work)\n"
         "t.start(); t.join()\n"
         "print('exited')\n"

@@ -52,6 +52,7 @@ class DecodeBuffer:
         # by the appends after it (views made per call would cost ops every layer and step).
         self._views: list[tuple[tuple[torch.Tensor, torch.Tensor], ...]] = []
         self._step: BufferStep | None = None
+        self._native: list[tuple[torch.Tensor, ...]] | None = None  # native_layers, per set of views
 
     def fits(self, rows: int, keys: int) -> bool:
         """Whether ``rows`` rows of ``keys`` padded keys (plus headroom) stay within the budget."""
@@ -89,6 +90,7 @@ class DecodeBuffer:
                 tuple((t[:size].view(shape).transpose(1, 2), t[:size].view(-1, *shape[2:])) for t in kv_pair)
                 for kv_pair in self._storage
             ]
+            self._native = None
         cap = self._capacity
         append_index = torch.tensor(
             [b * cap + n - 1 for b, n in enumerate(kv_lens)], dtype=torch.int64, device=self.kv.device
@@ -115,6 +117,23 @@ class DecodeBuffer:
             out.append(buf[:, :, :keys])
         self._written.add(layer)
         return out[0], out[1]
+
+    def native_layers(self) -> list[tuple[torch.Tensor, ...]]:
+        """Per layer, the tensors ``mstar_native::paged_attention`` writes and reads: the
+        paged cache by slot and by block (K, V each), then this buffer as SDPA reads it and
+        as rows to write (K, V each); the same views as ``keys_values`` uses, kept until
+        the next fill remakes them."""
+        if self._native is None:
+            self._native = []
+            for layer, ((k_read, k_rows), (v_read, v_rows)) in enumerate(self._views):
+                k_slots, v_slots = self.kv.slot_rows(layer)
+                self._native.append((k_slots, v_slots, self.kv.k_cache(layer), self.kv.v_cache(layer),
+                                     k_read, v_read, k_rows, v_rows))
+        return self._native
+
+    def mark_written(self, layers: list[int]) -> None:
+        """Layers whose new token was written outside ``keys_values`` (by the native op)."""
+        self._written.update(layers)
 
     def _ensure_storage(self, tokens: int) -> None:
         need = tokens * self.kv.num_kv_heads * self.kv.head_dim

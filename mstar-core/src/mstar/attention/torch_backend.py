@@ -192,6 +192,23 @@ class TorchAttentionBackend(AttentionBackend):
         out = out.transpose(1, 2).reshape(-1, num_q_heads, head_dim)
         return out if plan.query_unpad is None else out.index_select(0, plan.query_unpad)
 
+    def native_decode_step(self) -> tuple | None:
+        """What ``mstar_native::paged_attention`` needs to run this step itself
+        (``mstar.attention.native_attention``): a tuple when the planned step is a decode
+        step served by the decode buffer, else None. The op writes the caches and the buffer
+        as ``run`` does; ``native_layers_written`` then records its layers."""
+        plan = self._plan
+        if plan is None or plan.buffer is None or plan.max_query_len != 1 or self._buffer is None:
+            return None
+        step = plan.buffer
+        return (self._buffer.native_layers(), plan.slot_mapping, step.fill, step.fill_blocks,
+                step.append_index, plan.num_keys, plan.additive_mask(self.kv.dtype))
+
+    def native_layers_written(self, layers: list[int]) -> None:
+        """The layers whose new K/V ``mstar_native::paged_attention`` wrote this step."""
+        assert self._buffer is not None
+        self._buffer.mark_written(layers)
+
     def _check_shapes(
         self, plan: _TorchPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:

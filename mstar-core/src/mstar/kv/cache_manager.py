@@ -107,6 +107,11 @@ class KVCacheManager:
     def k_cache(self, layer: int) -> torch.Tensor:
         return self._k[layer]
 
+    def slot_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K and V caches as [num_blocks * block_size, Hkv, D] (one row per
+        slot): views of ``k_cache``/``v_cache``, what ``write`` writes into."""
+        return self._k_slots[layer], self._v_slots[layer]
+
     def v_cache(self, layer: int) -> torch.Tensor:
         return self._v[layer]
 

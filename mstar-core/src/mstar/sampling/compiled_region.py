@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from mstar.compile_bound import ThreadBinding, compile_bound
+from mstar.native import native_module
 from mstar.sampling import native_draw
 
 _sampler = ThreadBinding("sampler")
@@ -93,7 +94,7 @@ def compile_region(
     """``fn(static_inputs, sampler)`` compiled whole (``mstar.compile_bound``), called the
     same way; the draws call ``sampler``, bound for the call."""
 
-    native = native_draw.native_module()
+    native = native_module()
 
     def region(static_inputs: dict[str, Tensor]) -> tuple[dict[str, Any], tuple[Tensor, ...]]:
         stand_in = _OpSampler(native is not None)
@@ -108,6 +109,6 @@ def compile_region(
         try:
             return compiled(sampler, static_inputs)[0]
         finally:
-            native.unbind()
+            native.unbind_draws()
 
     return run

@@ -1,4 +1,5 @@
-// mstar_native::draw_aux: a compiled region's aux draw without Python (see native_draw.py).
+// mstar_native::draw_aux: a compiled region's aux draw without Python
+// (mstar/sampling/native_draw.py says when it is used).
 //
 // The caller binds, per label and for this thread, either the rows' top-k state (every row
 // samples with top_k and no other filter, no penalties, no stop ids) or a Python fallback.
@@ -7,13 +8,14 @@
 // step counters as CudaGraphableSampler.commit does. Anything else calls the fallback (the
 // batch's Python sampler) with the GIL taken.
 
-#include <torch/extension.h>
+#include "native_ops.h"
 
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <vector>
 
+namespace mstar_native {
 namespace {
 
 struct TopKRows {
@@ -97,32 +99,6 @@ at::Tensor draw_top_k(const at::Tensor& logits, const TopKRows& r) {
   return tokens;
 }
 
-Bound to_bound(const py::object& entry);
-
-at::Tensor draw_aux(const at::Tensor& logits, int64_t label, const std::optional<at::Tensor>& after) {
-  (void)after;  // orders the draws of a label in the graph; no data
-  if (label < 0) {
-    throw std::invalid_argument("mstar_native::draw_aux: negative label id");
-  }
-  if (label >= static_cast<int64_t>(bound_labels.size()) || !bound_labels[label]) {
-    // A label first seen while this call traced its graph: ask the binder for it.
-    py::gil_scoped_acquire gil;
-    if (!resolver) {
-      throw std::runtime_error("mstar_native::draw_aux ran with no sampler bound (call it through its compiled wrapper)");
-    }
-    if (label >= static_cast<int64_t>(bound_labels.size())) {
-      bound_labels.resize(label + 1);
-    }
-    bound_labels[label] = to_bound(resolver(label));
-  }
-  const Bound& b = *bound_labels[label];
-  if (b.rows) {
-    return draw_top_k(logits, *b.rows);
-  }
-  py::gil_scoped_acquire gil;
-  return b.fallback(logits).cast<at::Tensor>();
-}
-
 TopKRows to_rows(const py::tuple& t) {
   TopKRows r;
   r.step = t[0].cast<at::Tensor>();
@@ -154,8 +130,34 @@ Bound to_bound(const py::object& entry) {
   return b;
 }
 
+}  // namespace
+
+at::Tensor draw_aux(const at::Tensor& logits, int64_t label, const std::optional<at::Tensor>& after) {
+  (void)after;  // orders the draws of a label in the graph; no data
+  if (label < 0) {
+    throw std::invalid_argument("mstar_native::draw_aux: negative label id");
+  }
+  if (label >= static_cast<int64_t>(bound_labels.size()) || !bound_labels[label]) {
+    // A label first seen while this call traced its graph: ask the binder for it.
+    py::gil_scoped_acquire gil;
+    if (!resolver) {
+      throw std::runtime_error("mstar_native::draw_aux ran with no sampler bound (call it through its compiled wrapper)");
+    }
+    if (label >= static_cast<int64_t>(bound_labels.size())) {
+      bound_labels.resize(label + 1);
+    }
+    bound_labels[label] = to_bound(resolver(label));
+  }
+  const Bound& b = *bound_labels[label];
+  if (b.rows) {
+    return draw_top_k(logits, *b.rows);
+  }
+  py::gil_scoped_acquire gil;
+  return b.fallback(logits).cast<at::Tensor>();
+}
+
 // entries[label]: None (resolved on first use through resolve_late) or an entry.
-void bind(const std::vector<py::object>& entries, py::object resolve_late) {
+void bind_draws(const std::vector<py::object>& entries, py::object resolve_late) {
   std::vector<std::optional<Bound>> labels(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     if (!entries[i].is_none()) {
@@ -166,22 +168,9 @@ void bind(const std::vector<py::object>& entries, py::object resolve_late) {
   resolver = resolve_late.is_none() ? py::object() : std::move(resolve_late);
 }
 
-void unbind() {
+void unbind_draws() {
   bound_labels.clear();
   resolver = py::object();
 }
 
-}  // namespace
-
-TORCH_LIBRARY(mstar_native, m) {
-  m.def("draw_aux(Tensor logits, int label, Tensor? after) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(mstar_native, CPU, m) {
-  m.impl("draw_aux", &draw_aux);
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("bind", &bind, "Bind the labels' draw state for this thread");
-  m.def("unbind", &unbind, "Clear this thread's bound draw state");
-}
+}  // namespace mstar_native
