@@ -1,6 +1,8 @@
-"""``mstar_native::draw_aux`` (``mstar.sampling.native_draw``): the C++ draw of batches whose
-rows all sample with top_k alone must give the Python sampler's tokens and step counters
-bit for bit; every other batch must reach the Python sampler; compiled regions use it."""
+"""``mstar_native::draw_aux`` and ``draw_main`` (``mstar.sampling.native_draw``): the C++
+draw of batches whose rows all sample with top_k alone (a main draw also with penalties and
+min_tokens stop ids) must give the Python sampler's tokens, step counters, output counts and
+seen sets bit for bit; every other batch must reach the Python sampler; compiled regions
+use them."""
 
 from __future__ import annotations
 
@@ -102,7 +104,128 @@ def test_a_draw_with_nothing_bound_says_so():
         torch.ops.mstar_native.draw_aux(torch.zeros(2, 5), label, None)
 
 
+MAIN_ROWS = [
+    [dict(temperature=0.9, top_k=50, repetition_penalty=1.05, min_tokens=2)] * 8,  # Qwen3-TTS's talker
+    [dict(temperature=1.0, top_k=5, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3),
+     dict(temperature=0.7, top_k=3, min_tokens=3), dict(temperature=1.0, top_k=8)],
+    [dict(temperature=0.8, top_k=4, min_tokens=4)] * 3,  # stop ids, no penalties kept
+    [dict(temperature=1.2, top_k=6)] * 2,  # neither: the aux path's state only
+]
+STOP = 3  # every row's stop id; the largest logit of each step below
+
+
+def _main_samplers(rows: list[dict], vocab: int) -> tuple[CudaGraphableSampler, CudaGraphableSampler]:
+    pair = CudaGraphableSampler(12, vocab), CudaGraphableSampler(12, vocab)
+    for s in pair:
+        for i, p in enumerate(rows):
+            s.add_request(2 + i, SamplingParams(**p), seed=i * 104729 + 5, prompt_ids=[(5 * i + 1) % vocab, 7],
+                          stop_ids=[STOP])
+    return pair
+
+
+def _native_main(sampler: CudaGraphableSampler, logits, slots, advance, fallback=_raise) -> torch.Tensor:
+    NATIVE.bind_main(fallback, sampler.native_main_rows(slots, advance))
+    try:
+        out = torch.ops.mstar_native.draw_main(logits, None)
+    finally:
+        drawn = NATIVE.unbind_draws()
+    if drawn is not None:
+        assert drawn is not None and torch.equal(drawn, out)
+        sampler.note_drawn(slots, drawn, advance)
+    return out
+
+
+# Small k over 3072 ids takes draw_cpu's candidate path instead (not native): the talker's k only.
+@pytest.mark.parametrize(("case", "vocab"), [(c, v) for c in range(len(MAIN_ROWS)) for v in (16, 1024)] + [(0, 3072)])
+def test_main_draws_with_penalties_and_stop_ids_equal_the_python_samplers(case, vocab):
+    rows = MAIN_ROWS[case]
+    python, native = _main_samplers(rows, vocab)
+    slots = torch.arange(2, 2 + len(rows))
+    gen = torch.Generator().manual_seed(vocab + case)
+    for step in range(8):
+        x = torch.randn(len(rows), vocab, generator=gen)
+        x[:, STOP] = 8.0  # drawn at once unless min_tokens suppresses it
+        x[:, 7] = 4.0 - 8.0 * (step % 2)  # a prompt token, penalised both ways (logit > 0 and < 0)
+        advance = None if step % 3 else torch.arange(len(rows)) % 2 == 0
+        want = python.sample(x, slots, advance).tokens
+        got = _native_main(native, x, slots, advance)
+        assert torch.equal(got, want), (step, got, want)
+        assert torch.equal(native.step_counters, python.step_counters)
+        assert (native.output_counts is None) == (python.output_counts is None)
+        if python.output_counts is not None:
+            assert torch.equal(native.output_counts, python.output_counts)
+        assert native._seen == python._seen
+
+
+def test_main_batches_with_other_rows_are_drawn_by_the_python_sampler():
+    rows = [dict(temperature=0.9, top_k=50, repetition_penalty=1.1), dict(temperature=0.0)]
+    python, native = _main_samplers(rows, 64)
+    slots = torch.arange(2, 4)
+    assert native.native_main_rows(slots) is None
+    calls = []
+
+    def fallback(logits: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return native.sample(logits, slots).tokens
+
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(3):
+        x = torch.randn(2, 64, generator=gen)
+        assert torch.equal(_native_main(native, x, slots, None, fallback), python.sample(x, slots).tokens)
+    assert len(calls) == 3 and native._seen == python._seen
+
+
+def test_a_main_draw_of_the_wrong_shape_or_unbound_says_so():
+    python, native = _main_samplers(MAIN_ROWS[1], 16)
+    NATIVE.bind_main(_raise, native.native_main_rows(torch.arange(2, 5)))
+    try:
+        with pytest.raises(ValueError, match=r"logits must be \[3, 16\]"):
+            torch.ops.mstar_native.draw_main(torch.zeros(3, 15), None)
+    finally:
+        assert NATIVE.unbind_draws() is None
+    with pytest.raises(RuntimeError, match="no sampler bound"):
+        torch.ops.mstar_native.draw_main(torch.zeros(3, 16), None)
+
+
 TABLE = torch.randn(24, 16, generator=torch.Generator().manual_seed(5))
+MAIN_TABLE = torch.randn(40, 16, generator=torch.Generator().manual_seed(6))
+
+
+def frame(inputs: dict[str, torch.Tensor], sampler) -> dict[str, torch.Tensor]:
+    """A talker frame's shape: the main draw, then a depth loop of aux draws after it."""
+    first = sampler.sample(torch.tanh(inputs["h"]) @ MAIN_TABLE.T).tokens
+    h = inputs["h"] + MAIN_TABLE[first]
+    return {"first": first, "codes": depth_loop({"h": h}, sampler)["codes"]}
+
+
+def test_a_compiled_region_draws_main_rows_natively_and_as_eager_does(monkeypatch):
+    calls = []
+    for cls in (native_draw._Fallback, native_draw._MainFallback):
+        real = cls.__call__
+        monkeypatch.setattr(cls, "__call__", lambda self, logits, real=real: calls.append(1) or real(self, logits))
+    compiled = compile_region(frame, cpp_wrapper=True)
+
+    def bound(rows: int):
+        sampler = make_sampler(max_slots=8)  # main: temperature 0.7, top_k 50 over 40 ids
+        for slot in range(rows):
+            sampler.add_request(slot, resolved({"main": {"seed": 70 + slot, "repetition_penalty": 1.2,
+                                                         "min_tokens": 2}}), prompt_ids=[1, 2], eos_ids=[0])
+        return sampler, sampler.bind(torch.arange(rows))
+
+    for rows in (3, 5):
+        (eager, _), (comp, _) = bound(rows), bound(rows)
+        for step in range(3):
+            inputs = {"h": torch.randn(rows, 16, generator=torch.Generator().manual_seed(rows * 10 + step))}
+            eager_batch, comp_batch = eager.bind(torch.arange(rows)), comp.bind(torch.arange(rows))
+            got, want = compiled(inputs, comp_batch), frame(inputs, eager_batch)
+            assert torch.equal(got["first"], want["first"]) and torch.equal(got["codes"], want["codes"])
+            assert torch.equal(comp_batch.last_main_tokens, eager_batch.last_main_tokens)
+        for label in ("main", "talker"):
+            assert torch.equal(comp.samplers[label].step_counters, eager.samplers[label].step_counters)
+        assert torch.equal(comp.samplers["main"].output_counts, eager.samplers["main"].output_counts)
+        assert comp.samplers["main"]._seen == eager.samplers["main"]._seen
+    assert calls == []  # every draw was a C++ one
+
 
 
 def depth_loop(inputs: dict[str, torch.Tensor], sampler) -> dict[str, torch.Tensor]:

@@ -8,7 +8,9 @@ draw. ``compile_region`` compiles the whole region instead: inside it the sample
 stand-in whose ``sample`` and ``sample_aux`` are opaque custom ops (``mstar::draw_main``,
 ``mstar::draw_aux``; chained per label so that no compiler pass reorders or drops a draw,
 see ``_OpSampler``), and each op calls the batch's real sampler, bound for the call on
-this thread. The draws are therefore the eager sampler's own: the same tokens for the same
+this thread. Where ``mstar.native`` is built they are its C++ ops instead
+(``mstar.sampling.native_draw``), which draw the common top-k batches themselves, with the
+same ops, and call the sampler for the rest. The draws are therefore the eager sampler's own: the same tokens for the same
 logits, the same step counters. The model arithmetic around them is inductor's, equal to
 eager up to float rounding.
 
@@ -72,7 +74,10 @@ class _OpSampler:
         self._native = native
 
     def sample(self, logits: Tensor) -> Draw:
-        tokens = torch.ops.mstar.draw_main(logits, self._last.get(""))
+        if self._native:
+            tokens = torch.ops.mstar_native.draw_main(logits, self._last.get(""))
+        else:
+            tokens = torch.ops.mstar.draw_main(logits, self._last.get(""))
         self._last[""] = tokens
         return Draw(tokens)
 
@@ -107,8 +112,11 @@ def compile_region(
             return compiled(sampler, static_inputs)[0]
         native_draw.bind(native, sampler)
         try:
-            return compiled(sampler, static_inputs)[0]
-        finally:
-            native.unbind_draws()
+            out = compiled(sampler, static_inputs)[0]
+        except BaseException:
+            native.unbind_draws()  # the engine undoes the step's sampler state
+            raise
+        native_draw.unbind(native, sampler)
+        return out
 
     return run

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from mstar.sampling.draw import whole_row_first
 from mstar.sampling.host_plan import host_plan
-from mstar.sampling.kernel import sample_batch
+from mstar.sampling.kernel import penalty_terms, sample_batch
 from mstar.sampling.params import SamplingParams
 from mstar.sampling.seeds import MAX_SEED
 from mstar.sampling.tensors import SampleOutput, SamplingTensors, SeenTokens
@@ -234,7 +234,38 @@ class CudaGraphableSampler:
         over a vocabulary small enough that ``draw_cpu`` takes its one-``topk`` path and the
         label keeps no penalty or stop history (a draw would have to count into it), else
         None. The op advances this sampler's step counters in place, as ``commit`` does."""
-        if self.device.type != "cpu" or self._counts is not None or self._stop_mask is not None:
+        if self._counts is not None or self._stop_mask is not None:
+            return None
+        return self._top_k_rows(slot_ids, advance)
+
+    def native_main_rows(self, slot_ids: Tensor, advance: Tensor | None = None) -> tuple | None:
+        """What ``mstar_native::draw_main`` needs to draw this batch's next tokens itself:
+        ``native_top_k_rows``'s rows, the vocabulary, this step's penalised (row, token)
+        pairs with their penalty terms (``kernel.penalty_terms``), the stop-id mask of rows
+        still under min_tokens, and the output counts to count into (each None where not
+        needed), else None. The op counts its tokens and advances the step counters as
+        ``commit`` does; call ``note_drawn`` with its tokens afterwards (the seen sets)."""
+        rows = self._top_k_rows(slot_ids, advance)
+        if rows is None:
+            return None
+        slot_ids = rows[1]
+        st = self.stage(slot_ids)
+        seen_rows = seen_cols = repetition = subtract = None
+        if self._counts is not None and self._prompt_mask is not None:
+            if self._seen is None:
+                return None
+            seen = self._seen_tokens(slot_ids)
+            seen_rows, seen_cols = seen.rows, seen.cols
+            repetition, subtract = penalty_terms(st, seen)
+        suppress = None
+        if self._stop_mask is not None:
+            active = st.num_generated < st.min_tokens
+            if bool(active.any()):  # else suppress_stop_tokens masks nothing
+                suppress = self._stop_mask.index_select(0, slot_ids) & active.unsqueeze(1)
+        return (rows, self.vocab_size, seen_rows, seen_cols, repetition, subtract, suppress, self._counts)
+
+    def _top_k_rows(self, slot_ids: Tensor, advance: Tensor | None) -> tuple | None:
+        if self.device.type != "cpu":
             return None
         slot_ids = slot_ids.to(dtype=torch.int64).contiguous()
         st = self.stage(slot_ids)
@@ -258,10 +289,17 @@ class CudaGraphableSampler:
             self._counts.index_put_(
                 (slot_ids, tokens), adv.to(torch.int32), accumulate=True
             )
-        if self._seen:
-            for slot, tok, a in zip(slot_ids.tolist(), tokens.tolist(), adv.tolist(), strict=True):
-                if a and slot in self._seen:
-                    self._seen[slot].add(tok)
+        self.note_drawn(slot_ids, tokens, adv)
+
+    def note_drawn(self, slot_ids: Tensor, tokens: Tensor, advance: Tensor | None = None) -> None:
+        """Add drawn ``tokens`` to the host-side seen sets of penalised rows that advanced
+        (``commit`` does; after ``mstar_native::draw_main``, which counted them, the caller)."""
+        if not self._seen:
+            return
+        adv = [1] * len(tokens) if advance is None else advance.tolist()
+        for slot, tok, a in zip(slot_ids.tolist(), tokens.tolist(), adv, strict=True):
+            if a and slot in self._seen:
+                self._seen[slot].add(tok)
 
     def snapshot(self, slot_ids: Tensor) -> tuple[Tensor, Tensor | None, dict[int, set[int]]]:
         """The rows' step counters and output history, to undo a step that failed."""

@@ -65,14 +65,20 @@ def penalise_seen(logits: Tensor, st: SamplingTensors, seen: Tensor, counts: Ten
     return penalise_at(logits, st, SeenTokens(rows, cols, at))
 
 
+def penalty_terms(st: SamplingTensors, seen: SeenTokens) -> tuple[Tensor, Tensor]:
+    """The seen pairs' repetition penalties and presence + frequency terms (no logits
+    needed: ``mstar_native::draw_main`` takes them from here)."""
+    rows, c = seen.rows, seen.counts
+    return st.repetition_penalty[rows], st.presence_penalty[rows] * (c > 0) + st.frequency_penalty[rows] * c
+
+
 def penalise_at(logits: Tensor, st: SamplingTensors, seen: SeenTokens) -> Tensor:
     """Repetition, presence and frequency penalties at the given (row, token) pairs."""
     rows, cols = seen.rows, seen.cols
+    rp, subtract = penalty_terms(st, seen)
     v = logits[rows, cols]
-    rp = st.repetition_penalty[rows]
     v = torch.where(v > 0, v / rp, v * rp)
-    c = seen.counts
-    v = v - (st.presence_penalty[rows] * (c > 0) + st.frequency_penalty[rows] * c)
+    v = v - subtract
     out = logits.clone()
     out[rows, cols] = v
     return out
@@ -93,6 +99,7 @@ __all__ = [
     "penalise_at",
     "penalise_dense",
     "penalise_seen",
+    "penalty_terms",
     "sample_batch",
     "suppress_stop_tokens",
 ]

@@ -172,6 +172,19 @@ class BatchSampler:
             return None
         return self.sampler.samplers[label].native_top_k_rows(self.slot_ids, self.advance)
 
+    def native_main_rows(self) -> tuple | None:
+        """``CudaGraphableSampler.native_main_rows`` of the main label for this batch (None
+        when the engine keeps the batch's logits): for ``mstar.sampling.native_draw``."""
+        if self.keep_logits:
+            return None
+        return self.sampler.samplers[MAIN_LABEL].native_main_rows(self.slot_ids, self.advance)
+
+    def native_main_drawn(self, tokens: Tensor) -> None:
+        """After ``mstar_native::draw_main`` drew ``tokens`` from ``native_main_rows``: what
+        ``sample`` does besides drawing (the seen sets, ``last_main_tokens``)."""
+        self.sampler.samplers[MAIN_LABEL].note_drawn(self.slot_ids, tokens, self.advance)
+        self._record(tokens)
+
     def subset(self, rows: Tensor) -> BatchSampler:
         """Handle for a subset of the batch (index or bool tensor over its rows).
 

@@ -1,10 +1,13 @@
-"""The aux draws of compiled regions in C++ (``mstar_native::draw_aux``, ``mstar.native``).
+"""The draws of compiled regions in C++ (``mstar_native::draw_aux`` and
+``mstar_native::draw_main``, ``mstar.native``).
 
-Drawn in C++: a batch whose rows all sample the label with top_k alone (no top_p, min_p,
-penalties or stop ids), the path ``draw._draw_top_k`` takes for a TTS codebook, with the
-same ATen ops in the same order and the same step counters, so the Python sampler's tokens
-bit for bit. A batch with any other row, or a sampler without this state, is drawn by the
-Python sampler, called from the op.
+Drawn in C++: a batch whose rows all sample the label with top_k alone (no top_p or min_p),
+the path ``draw._draw_top_k`` takes for a TTS codebook, with the same ATen ops in the same
+order and the same step counters, so the Python sampler's tokens bit for bit; an aux label
+without penalties or stop ids, the main label also with them (its penalty terms and stop
+mask computed here at bind time, the op applying them as ``kernel.sample_batch`` does). A
+batch with any other row, or a sampler without this state, is drawn by the Python sampler,
+called from the op.
 """
 
 from __future__ import annotations
@@ -45,6 +48,28 @@ def bind(module: ModuleType, sampler: Any) -> None:
     for label in sorted(getattr(sampler, "aux_labels", ())):
         label_id(label)
     module.bind_draws([entry(i) for i in range(len(_labels))], entry)
+    main_rows = getattr(sampler, "native_main_rows", None)
+    module.bind_main(_MainFallback(sampler), main_rows() if main_rows is not None else None)
+
+
+def unbind(module: ModuleType, sampler: Any) -> None:
+    """Clear this thread's draws; where the main draw ran in C++, tell ``sampler``
+    (``native_main_drawn``: its seen sets and ``last_main_tokens``)."""
+    tokens = module.unbind_draws()
+    if tokens is not None:
+        sampler.native_main_drawn(tokens)
+
+
+class _MainFallback:
+    """``sampler.sample(logits).tokens``, as the op calls it."""
+
+    __slots__ = ("sampler",)
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        return self.sampler.sample(logits).tokens
 
 
 class _Fallback:

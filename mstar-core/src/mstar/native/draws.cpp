@@ -1,16 +1,22 @@
-// mstar_native::draw_aux: a compiled region's aux draw without Python
-// (mstar/sampling/native_draw.py says when it is used).
+// mstar_native::draw_aux and mstar_native::draw_main: a compiled region's draws without
+// Python (mstar/sampling/native_draw.py says when they are used).
 //
-// The caller binds, per label and for this thread, either the rows' top-k state (every row
-// samples with top_k and no other filter, no penalties, no stop ids) or a Python fallback.
+// The caller binds, for this thread, per aux label and for the main label, either the rows'
+// top-k state (every row samples with top_k and no other filter) or only a Python fallback.
 // The top-k draw runs the same ATen ops, in the same order, as draw._draw_top_k and
 // draw.inverse_cdf do from Python, so it gives the same tokens bit for bit, and advances the
-// step counters as CudaGraphableSampler.commit does. Anything else calls the fallback (the
-// batch's Python sampler) with the GIL taken.
+// step counters as CudaGraphableSampler.commit does. A main draw may also carry the rows'
+// penalties (kernel.penalise_at's ops on the seen tokens, their terms computed in Python at
+// bind time) and min_tokens stop ids (kernel.suppress_stop_tokens's mask), and counts its
+// tokens into the output counts as commit does; the host-side seen sets are updated by
+// Python after the call (unbind_draws returns the tokens). Anything else calls the
+// fallback (the batch's Python sampler) with the GIL taken.
 
 #include "native_ops.h"
 
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -35,7 +41,20 @@ struct Bound {
   py::object fallback;  // fallback(logits) -> int64 [B]
 };
 
+struct MainRows {
+  TopKRows rows;
+  int64_t vocab = 0;
+  std::optional<at::Tensor> seen_rows, seen_cols;  // int64 [n]: penalised (row, token) pairs
+  std::optional<at::Tensor> repetition;            // float32 [n]: their rows' repetition penalty
+  std::optional<at::Tensor> subtract;              // float32 [n]: presence + frequency terms
+  std::optional<at::Tensor> suppress;              // bool [B, V]: stop ids under min_tokens
+  std::optional<at::Tensor> counts;                // int32 [S, V]: output counts, or none kept
+};
+
 thread_local std::vector<std::optional<Bound>> bound_labels;
+thread_local std::optional<MainRows> main_rows;
+thread_local py::object main_fallback;           // fallback(logits) -> int64 [B]
+thread_local std::optional<at::Tensor> main_drawn;  // the tokens drawn natively this call
 // resolver(label) -> an entry, for a label bound late. Null between calls: a thread-local
 // Python object would be released at thread exit, without the GIL.
 thread_local py::object resolver;
@@ -119,6 +138,48 @@ TopKRows to_rows(const py::tuple& t) {
   return r;
 }
 
+std::optional<at::Tensor> optional_tensor(const py::handle& h) {
+  if (h.is_none()) {
+    return std::nullopt;
+  }
+  return h.cast<at::Tensor>();
+}
+
+// (top-k rows tuple, vocab, seen rows, seen cols, repetition, subtract, suppress, counts).
+MainRows to_main(const py::tuple& t) {
+  MainRows m;
+  m.rows = to_rows(t[0].cast<py::tuple>());
+  m.vocab = t[1].cast<int64_t>();
+  m.seen_rows = optional_tensor(t[2]);
+  m.seen_cols = optional_tensor(t[3]);
+  m.repetition = optional_tensor(t[4]);
+  m.subtract = optional_tensor(t[5]);
+  m.suppress = optional_tensor(t[6]);
+  m.counts = optional_tensor(t[7]);
+  const bool penalised = m.seen_rows.has_value();
+  if (penalised != m.seen_cols.has_value() || penalised != m.repetition.has_value() ||
+      penalised != m.subtract.has_value() || (m.counts && m.counts->scalar_type() != at::kInt)) {
+    throw std::invalid_argument("mstar_native.bind: malformed main rows");
+  }
+  return m;
+}
+
+// kernel.penalise_at on the bound seen tokens, then kernel.suppress_stop_tokens.
+at::Tensor penalised(at::Tensor x, const MainRows& m) {
+  if (m.seen_rows) {
+    const c10::List<std::optional<at::Tensor>> at_seen({*m.seen_rows, *m.seen_cols});
+    at::Tensor v = x.index(at_seen);
+    v = at::where(v > 0, v / *m.repetition, v * *m.repetition);
+    v = v - *m.subtract;
+    x = x.clone();
+    x.index_put_(at_seen, v);
+  }
+  if (m.suppress) {
+    x = x.masked_fill(*m.suppress, -std::numeric_limits<double>::infinity());
+  }
+  return x;
+}
+
 // An entry: (fallback, rows tuple or None).
 Bound to_bound(const py::object& entry) {
   py::tuple t = entry.cast<py::tuple>();
@@ -156,6 +217,38 @@ at::Tensor draw_aux(const at::Tensor& logits, int64_t label, const std::optional
   return b.fallback(logits).cast<at::Tensor>();
 }
 
+at::Tensor draw_main(const at::Tensor& logits, const std::optional<at::Tensor>& after) {
+  (void)after;  // orders the main draws in the graph; no data
+  if (!main_rows) {
+    py::gil_scoped_acquire gil;
+    if (!main_fallback) {
+      throw std::runtime_error("mstar_native::draw_main ran with no sampler bound (call it through its compiled wrapper)");
+    }
+    return main_fallback(logits).cast<at::Tensor>();
+  }
+  const MainRows& m = *main_rows;
+  if (logits.dim() != 2 || logits.size(0) != m.rows.slots.size(0) || logits.size(1) != m.vocab) {
+    throw std::invalid_argument("mstar_native::draw_main: logits must be [" + std::to_string(m.rows.slots.size(0)) +
+                                ", " + std::to_string(m.vocab) + "], got " + std::to_string(logits.dim()) + " dims");
+  }
+  at::Tensor tokens = draw_top_k(penalised(logits.to(at::kFloat), m), m.rows);
+  if (m.counts) {
+    m.counts->index_put_({m.rows.slots, tokens}, m.rows.advance.to(at::kInt), /*accumulate=*/true);
+  }
+  main_drawn = tokens;
+  return tokens;
+}
+
+// main: None (every main draw calls main_fallback) or to_main's tuple.
+void bind_main(py::object fallback, const py::object& main) {
+  main_rows.reset();
+  if (!main.is_none()) {
+    main_rows = to_main(main.cast<py::tuple>());
+  }
+  main_fallback = std::move(fallback);
+  main_drawn.reset();
+}
+
 // entries[label]: None (resolved on first use through resolve_late) or an entry.
 void bind_draws(const std::vector<py::object>& entries, py::object resolve_late) {
   std::vector<std::optional<Bound>> labels(entries.size());
@@ -168,9 +261,15 @@ void bind_draws(const std::vector<py::object>& entries, py::object resolve_late)
   resolver = resolve_late.is_none() ? py::object() : std::move(resolve_late);
 }
 
-void unbind_draws() {
+// Clears every draw binding of this thread; returns the main tokens drawn natively, if any.
+std::optional<at::Tensor> unbind_draws() {
   bound_labels.clear();
   resolver = py::object();
+  main_rows.reset();
+  main_fallback = py::object();
+  std::optional<at::Tensor> drawn = std::move(main_drawn);
+  main_drawn.reset();
+  return drawn;
 }
 
 }  // namespace mstar_native
