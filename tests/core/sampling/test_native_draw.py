@@ -15,6 +15,7 @@ from mstar.native import native_module
 from mstar.sampling import SamplingParams, native_draw
 from mstar.sampling.compiled_region import compile_region
 from mstar.sampling.graphable import CudaGraphableSampler
+from mstar.sampling.multi_sampler import BatchSampler
 from test_sampling_fast_paths import logits_of
 from test_sampling_multi import make_sampler, resolved
 
@@ -239,9 +240,11 @@ def depth_loop(inputs: dict[str, torch.Tensor], sampler) -> dict[str, torch.Tens
 
 
 def test_a_compiled_region_draws_top_k_rows_natively_and_as_eager_does(monkeypatch):
-    calls = []
+    calls, main_binds = [], []
     real = native_draw._Fallback.__call__
     monkeypatch.setattr(native_draw._Fallback, "__call__", lambda self, logits: calls.append(1) or real(self, logits))
+    real_rows = BatchSampler.native_main_rows
+    monkeypatch.setattr(BatchSampler, "native_main_rows", lambda self: main_binds.append(1) or real_rows(self))
     compiled = compile_region(depth_loop, cpp_wrapper=True)
 
     def bound(rows: int):
@@ -257,6 +260,8 @@ def test_a_compiled_region_draws_top_k_rows_natively_and_as_eager_does(monkeypat
             assert torch.equal(compiled(inputs, comp_batch)["codes"], depth_loop(inputs, eager_batch)["codes"])
         assert torch.equal(comp.samplers["talker"].step_counters, eager.samplers["talker"].step_counters)
     assert calls == []  # every draw was the C++ one
+    # No main draw in this region: the main rows were gathered only before it was first traced.
+    assert main_binds == [1]
 
 
 def test_a_thread_that_drew_natively_exits_cleanly():

@@ -89,6 +89,10 @@ class _OpSampler:
         self._last[label] = tokens
         return Draw(tokens)
 
+    @property
+    def draws_main(self) -> bool:
+        return "" in self._last
+
     def chain_ends(self) -> tuple[Tensor, ...]:
         return tuple(self._last.values())
 
@@ -100,17 +104,22 @@ def compile_region(
     same way; the draws call ``sampler``, bound for the call."""
 
     native = native_module()
+    # Whether the region draws from the main label (known once traced; until then, assume
+    # so): the main draw's native state costs a gather of the rows' history to bind.
+    draws_main = [True]
 
     def region(static_inputs: dict[str, Tensor]) -> tuple[dict[str, Any], tuple[Tensor, ...]]:
         stand_in = _OpSampler(native is not None)
-        return fn(static_inputs, stand_in), stand_in.chain_ends()
+        out = fn(static_inputs, stand_in), stand_in.chain_ends()
+        draws_main[0] = stand_in.draws_main
+        return out
 
     compiled = compile_bound(region, _sampler, cpp_wrapper=cpp_wrapper)
 
     def run(static_inputs: dict[str, Tensor], sampler: Any) -> dict[str, Any]:
         if native is None:
             return compiled(sampler, static_inputs)[0]
-        native_draw.bind(native, sampler)
+        native_draw.bind(native, sampler, main=draws_main[0])
         try:
             out = compiled(sampler, static_inputs)[0]
         except BaseException:

@@ -34,11 +34,12 @@ def label_id(label: str) -> int:
         return _label_ids[label]
 
 
-def bind(module: ModuleType, sampler: Any) -> None:
+def bind(module: ModuleType, sampler: Any, main: bool = True) -> None:
     """Bind ``sampler``'s draws on this thread for the aux labels it declares (``aux_labels``), and
     for any other on its first draw: each label's top-k rows where its sampler offers them
     for this batch (``native_top_k_rows``), and always its Python ``sample_aux`` as the
-    fallback."""
+    fallback; the same for the main label (``native_main_rows``, ``sample``), its rows only
+    with ``main`` (a caller whose region makes no main draw skips gathering them)."""
     rows_of = getattr(sampler, "native_top_k_rows", None)
 
     def entry(i: int) -> tuple[Any, Any]:
@@ -49,7 +50,7 @@ def bind(module: ModuleType, sampler: Any) -> None:
         label_id(label)
     module.bind_draws([entry(i) for i in range(len(_labels))], entry)
     main_rows = getattr(sampler, "native_main_rows", None)
-    module.bind_main(_MainFallback(sampler), main_rows() if main_rows is not None else None)
+    module.bind_main(_MainFallback(sampler), main_rows() if main and main_rows is not None else None)
 
 
 def unbind(module: ModuleType, sampler: Any) -> None:
