@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from mstar.plugins.hookspecs import hookimpl, hookspec
+from mstar.blas_reproducibility import request_strict_mode
+
+# Before anything imports torch: MKL reads its reproducibility mode once, on first use.
+request_strict_mode()
+
+from mstar.plugins.hookspecs import hookimpl, hookspec  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Engine", "__version__", "hookimpl", "hookspec"]

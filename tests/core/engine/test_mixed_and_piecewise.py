@@ -98,7 +98,10 @@ def test_piecewise_region_gets_the_batch_sampler(make_engine):
 
 
 def test_overlapping_nodes_changes_nothing(make_engine):
-    """With overlap on, the decoder's batch runs on a worker thread beside the LM's."""
+    """With overlap on, the decoder's batch runs on a worker thread beside the LM's, and each
+    forward with half the torch threads (``cpu_threads``): equal bits assume products whose
+    result does not depend on the thread count (MKL's strict mode, set by ``import mstar``;
+    tests/core/test_blas_reproducibility.py)."""
     ps = prompts(8, seed=8)
     on, off = make_engine(overlap_nodes=True), make_engine(overlap_nodes=False)
     for sampling in (GREEDY, SAMPLED):

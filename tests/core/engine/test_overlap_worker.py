@@ -66,6 +66,8 @@ def hold_decoder_until_lm_steps(engine, lm_steps: int) -> tuple[list[int], list[
 
 
 def test_decoder_batch_spans_several_lm_steps(make_engine):
+    """Equal bits with overlap on (1 torch thread a forward on a 2-core host) and off (2)
+    assume thread-count independent products (MKL's strict mode, set by ``import mstar``)."""
     ps = prompts(6, seed=11)
     on, off = make_engine(overlap_nodes=True), make_engine(overlap_nodes=False)
     first, later = hold_decoder_until_lm_steps(on, 3)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from mstar.attention import create_backend
+from mstar.blas_reproducibility import warn_if_thread_dependent
 from mstar.engine.core import EngineCore, SchedulerConfig
 from mstar.engine.executors import LoadedNode
 from mstar.engine.mixed_batches import validate_mixed_batches
@@ -109,6 +110,8 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
         raise ValueError(f"model {spec.name!r} has no factory for node(s) {sorted(missing)}")
     node_samplers: dict[str, NodeSamplers] = hook.mstar_node_samplers(config=config) or {}
     device = torch.device(engine_config.device)
+    if device.type == "cpu":
+        warn_if_thread_dependent()
     placed = engine_config.nodes or tuple(graph.nodes)
     kv_nodes = [n for n in placed if graph.nodes[n].kind is EngineKind.KV_CACHE]
     nodes: dict[str, LoadedNode] = {}
@@ -154,8 +157,8 @@ def forward_threads(config: EngineConfig, device: torch.device, num_nodes: int) 
     off the CPU). With ``overlap_nodes`` two forwards run at once (an LM step beside a codec
     call), and two OpenMP teams of every core each spin over each other's cores: measured at
     1.4-1.5 s against 0.77 s for the Qwen3-TTS mid checkpoint at concurrency 8 on a 2-core
-    host (docs/benchmarking.md), so by default each gets half. Both get the same count, so a
-    node that may run on either thread computes the same bits on both."""
+    host (docs/benchmarking.md), so by default each gets half. The count changes no bits:
+    MKL runs in its strict mode (``mstar.blas_reproducibility``)."""
     if device.type != "cpu":
         return None
     if config.cpu_threads is not None:
