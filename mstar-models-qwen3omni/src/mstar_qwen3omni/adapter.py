@@ -68,7 +68,8 @@ class OmniChatAdapter(TextLMAdapter):
         speakers: Sequence[str] = (),
         media_kinds: Sequence[str] = ("audio", "image", "video"),
     ) -> None:
-        super().__init__(checkpoint_dir, text_config, node=node)
+        # transformers formats this model's chats with its processor: its template files first.
+        super().__init__(checkpoint_dir, text_config, node=node, template_from="processor")
         self.limits = limits
         self.media_kinds = tuple(media_kinds)  # what the checkpoint has encoders for
         self._preprocessor: Any = None

@@ -69,6 +69,9 @@ TALKER_PREFILL, TALKER_DECODE, VOCODE = "talker_prefill", "talker_decode", "voco
 TALKER_PROMPT, THINKER_EMBED = "talker_prompt", "thinker_embed"
 PROMPT_ROWS, TEXT_EMBED, TEXT_ENDED = "talker_prompt_rows", "thinker_text_embed", "thinker_text_ended"
 CODES, FRAME_EMBED, CODE_CHUNK, AUDIO = "codes", "frame_embed", "code_chunk", "audio"
+# transformers' ``Qwen3OmniMoeForConditionalGeneration.generate(thinker_eos_token_id=151645)``:
+# the Thinker's end id (``<|im_end|>`` in the released vocabulary) when the checkpoint names none.
+THINKER_EOS_TOKEN_ID = 151645
 # Code2Wav chunks (frames): a short first one so audio starts early, then longer ones. The
 # node carries its own past, so the chunks need no left context and join to the whole decode.
 FIRST_CHUNK, CHUNK = 4, 16
@@ -226,9 +229,13 @@ def _speech_graph() -> tuple[dict[str, NodeSpec], dict[str, Walk], dict[str, Sig
 
 
 def text_view(config: dict[str, Any]) -> dict[str, Any]:
-    """The Thinker's text config with the checkpoint's generation config: the flat keys
-    ``mstar.text`` reads (vocab_size, max_position_embeddings, EOS ids)."""
-    return {**config["thinker_config"]["text_config"], GENERATION_CONFIG: config.get(GENERATION_CONFIG) or {}}
+    """The Thinker's text config with the checkpoint's generation config and end ids: the flat
+    keys ``mstar.text`` reads (vocab_size, max_position_embeddings, end ids)."""
+    from mstar.text.lm import END_IDS, end_token_ids
+
+    view = {**config["thinker_config"]["text_config"], GENERATION_CONFIG: config.get(GENERATION_CONFIG) or {}}
+    # The released generation_config.json names no end id: transformers' generate passes its own.
+    return {**view, END_IDS: list(end_token_ids(view, reference_end_ids=THINKER_EOS_TOKEN_ID))}
 
 
 def _load_config(checkpoint_dir: Path) -> dict[str, Any]:
@@ -291,13 +298,16 @@ def mstar_model_spec() -> ModelSpec:
         write_tiny_checkpoint=_write_tiny,
         default_placement={THINKER: "0", AUDIO_ENCODER: "0", VISION_ENCODER: "0", TALKER: "0", CODE2WAV: "0"},
         example_requests=_example_requests,
+        float32_nodes=(CODE2WAV,),  # audio quality; it is small
     )
 
 
-def _build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def _build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
+    import torch
+
     from mstar_qwen3omni.speech_loading import build_talker
 
-    return build_talker(config, checkpoint_dir, device, prefill_walks=(TALKER_PREFILL,))
+    return build_talker(config, checkpoint_dir, device, prefill_walks=(TALKER_PREFILL,), dtype=dtype or torch.float32)
 
 
 @hookimpl

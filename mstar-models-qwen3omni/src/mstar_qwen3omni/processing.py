@@ -44,10 +44,6 @@ class ProcessedPrompt:
     tensors: dict[str, torch.Tensor]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def _processor_class() -> type:
     from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
     from transformers.video_processing_utils import VideoProcessorMixin
@@ -69,23 +65,27 @@ def _processor_class() -> type:
 
 def build_hf_processor(checkpoint_dir: str | Path):
     """transformers' ``Qwen3OmniMoeProcessor`` from the checkpoint's tokenizer files, chat template
-    and ``preprocessor_config.json`` (``video_preprocessor_config.json`` when present)."""
-    from transformers import AutoTokenizer, WhisperFeatureExtractor
+    and preprocessing configs, each found where transformers finds it (the template through core's
+    one lookup, in the processor's file order; the image, video and audio configs in
+    ``processor_config.json`` or their own files, ``mstar.processor_config``)."""
+    from mstar.processor_config import processor_config
+    from mstar.text import load_tokenizer
+    from mstar.text.chat_template import find_chat_template
+    from transformers import WhisperFeatureExtractor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     root = Path(checkpoint_dir)
-    tokenizer = AutoTokenizer.from_pretrained(root)
-    image_config = _read_json(root / "preprocessor_config.json")
-    video_config = _read_json(root / "video_preprocessor_config.json") or image_config
-    image_processor = Qwen2VLImageProcessorPil(**_image_kwargs(image_config))
-    feature_extractor = WhisperFeatureExtractor.from_pretrained(root)
-    template = _chat_template(root) or tokenizer.chat_template
+    image_config = processor_config(root, "image_processor") or {}
+    video_config = processor_config(root, "video_processor") or image_config
+    feature_config = processor_config(root, "feature_extractor")
+    if feature_config is None:
+        raise FileNotFoundError(f"{root} has no audio feature extractor config (preprocessor_config.json or processor_config.json)")
     return _processor_class()(
-        image_processor=image_processor,
+        image_processor=Qwen2VLImageProcessorPil(**_image_kwargs(image_config)),
         video_processor=VideoFrameProcessor.from_config(video_config),
-        feature_extractor=feature_extractor,
-        tokenizer=tokenizer,
-        chat_template=template,
+        feature_extractor=WhisperFeatureExtractor.from_dict(feature_config),
+        tokenizer=load_tokenizer(root, "processor"),
+        chat_template=find_chat_template(root, "processor"),
     )
 
 
@@ -98,12 +98,6 @@ _IMAGE_KEYS = (
 
 def _image_kwargs(config: dict[str, Any]) -> dict[str, Any]:
     return {k: config[k] for k in _IMAGE_KEYS if k in config}
-
-
-def _chat_template(root: Path) -> str | None:
-    if (root / "chat_template.jinja").is_file():
-        return (root / "chat_template.jinja").read_text()
-    return _read_json(root / "chat_template.json").get("chat_template")
 
 
 class Preprocessor:

@@ -15,7 +15,6 @@ output against the processor's own, recorded in a throw-away environment where i
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,12 +37,15 @@ class VideoPreprocessing:
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: Path | None, crop: int) -> VideoPreprocessing:
-        """From ``video_preprocessor_config.json`` when the checkpoint has one. As the
-        processor does, the resize follows the crop: ``shortest_edge = int(crop·256/224)``."""
-        path = None if checkpoint_dir is None else Path(checkpoint_dir) / "video_preprocessor_config.json"
-        if path is None or not path.is_file():
+        """From the checkpoint's video processor config, found where transformers finds it
+        (``processor_config.json``, ``video_preprocessor_config.json``, then
+        ``preprocessor_config.json``); without one, for the model's crop. As the processor
+        does, the resize follows the crop: ``shortest_edge = int(crop·256/224)``."""
+        from mstar.processor_config import processor_config
+
+        cfg = None if checkpoint_dir is None else processor_config(checkpoint_dir, "video_processor")
+        if cfg is None:
             return cls.for_crop(crop)
-        cfg = json.loads(path.read_text())
         c = cfg.get("crop_size", crop)
         c = int(c["height"]) if isinstance(c, dict) else int(c)
         return cls(int(c * 256 / 224), c, tuple(cfg.get("image_mean", cls.mean)), tuple(cfg.get("image_std", cls.std)),

@@ -3,7 +3,9 @@ checkpoint's chat template and ``/v1/completions``, both on the checkpoint's tok
 
 A plugin whose graph is ``mstar.text.lm.text_lm_graph`` returns
 ``TextLMAdapter(checkpoint_dir, config)`` from its ``mstar_api_adapter`` hook and gets
-both endpoints, streaming, stop strings and logprobs with nothing else to write.
+both endpoints, streaming, stop strings and logprobs with nothing else to write. The chat
+template is wherever the checkpoint keeps it (``mstar.text.chat_template``); a model whose
+reference formats chats with a processor passes ``template_from="processor"``.
 Chat requests may carry ``tools``, ``chat_template_kwargs``, ``add_generation_prompt``
 (default true) and ``continue_final_message`` (default false), handed to
 ``apply_chat_template`` as HF defines them.
@@ -27,6 +29,7 @@ from mstar.text import (
     load_tokenizer,
     template_messages,
 )
+from mstar.text.chat_template import Preference
 from mstar.text.lm import LOGPROB, PROMPT, TOKENS, TOP_IDS, TOP_VALUES
 
 
@@ -52,8 +55,11 @@ class TextLMAdapter(ApiAdapter):
     top_logprob_values_signal = TOP_VALUES
     max_n = 16  # chat choices per request
 
-    def __init__(self, checkpoint_dir: str | Path, config: Mapping[str, Any], node: str = "lm") -> None:
+    def __init__(
+        self, checkpoint_dir: str | Path, config: Mapping[str, Any], node: str = "lm", template_from: Preference = "tokenizer"
+    ) -> None:
         self.checkpoint_dir = str(checkpoint_dir)
+        self.template_from: Preference = template_from  # whose file order finds the chat template
         self.sampling_node = node
         self.vocab_size = int(config["vocab_size"])
         self.max_len = int(config["max_position_embeddings"])
@@ -67,7 +73,7 @@ class TextLMAdapter(ApiAdapter):
 
     @property
     def tokenizer(self) -> Any:
-        return load_tokenizer(self.checkpoint_dir)  # once per process
+        return load_tokenizer(self.checkpoint_dir, self.template_from)  # once per process
 
     @property
     def renderer(self) -> TokenRenderer:

@@ -28,6 +28,8 @@ class ModelSpec:
     the tiny config; the conformance kit runs them through the real engine.
     ``engine_defaults`` are ``EngineConfig`` options the model runs best with (e.g.
     ``{"overlap_nodes": True}`` for an LM and its codec); options the user sets win.
+    ``float32_nodes`` are nodes that must run in float32 whatever ``--dtype`` says (a codec
+    whose output degrades in half precision); their factories get ``dtype=torch.float32``.
 
     ``name``, ``aliases`` and ``architectures`` are filled in at load time from the
     distribution's entry points (``mstar.models``, ``mstar.model_aliases``,
@@ -45,6 +47,7 @@ class ModelSpec:
     shipped_files: tuple[Path, ...] = ()
     example_requests: Callable[[ModelConfig], list[dict[str, Any]]] | None = None
     engine_defaults: Mapping[str, Any] = field(default_factory=dict)
+    float32_nodes: tuple[str, ...] = ()
 
 
 def lazy(target: str) -> Callable[..., Any]:
@@ -55,17 +58,24 @@ def lazy(target: str) -> Callable[..., Any]:
     if not module_name or not attr:
         raise ValueError(f"lazy target {target!r} must look like 'package.module:function'")
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def resolve() -> Callable[..., Any]:
         import importlib
 
-        return getattr(importlib.import_module(module_name), attr)(*args, **kwargs)
+        return getattr(importlib.import_module(module_name), attr)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return resolve()(*args, **kwargs)
 
     call.__qualname__ = call.__name__ = f"lazy({target})"
+    call.resolve = resolve  # type: ignore[attr-defined]  # the function it stands for (its signature)
     return call
 
 
-NodeFactory = Callable[[ModelConfig, Path | None, str], "NodeSubmodule"]
-"""(config, checkpoint_dir or None for random init, device) -> the node's submodule."""
+NodeFactory = Callable[..., "NodeSubmodule"]
+"""``factory(config, checkpoint_dir or None for random init, device, dtype=torch.dtype)`` ->
+the node's submodule, built in ``dtype`` (core decides it: ``mstar.model.precision``). A
+factory without the ``dtype`` keyword (written before it existed) still works: core casts
+its node when the user asked for a dtype explicitly."""
 
 
 @dataclass(frozen=True)

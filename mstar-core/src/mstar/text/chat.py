@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from mstar.text.chat_template import TEMPLATE_FILES
+
 
 def template_messages(messages: Iterable[Any]) -> list[dict[str, Any]]:
     """OpenAI chat messages (pydantic models or dicts) as the dicts HF templates read:
@@ -34,7 +36,9 @@ def chat_prompt_ids(
     """Token ids of the rendered conversation, as ``tokenizer.apply_chat_template`` makes
     them (no extra special tokens beyond what the template writes)."""
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("the checkpoint's tokenizer has no chat template; use /v1/completions")
+        raise ValueError(
+            f"the checkpoint has no chat template (none in {', '.join(TEMPLATE_FILES)}); use /v1/completions"
+        )
     out = tokenizer.apply_chat_template(
         messages,
         tools=tools,

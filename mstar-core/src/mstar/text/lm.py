@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,23 +60,67 @@ def text_lm_mixed_batches(node: str = "lm") -> list[MixedBatchConfig]:
     return [MixedBatchConfig(node=node, walks=(PREFILL, DECODE), merged_walk=MIXED)]
 
 
-def load_text_config(checkpoint_dir: str | Path) -> dict[str, Any]:
+GENERATION_CONFIG = "generation_config"  # config key: generation_config.json, when the checkpoint has one
+END_IDS = "mstar_end_token_ids"  # config key: the end ids decided at load (``end_token_ids``)
+
+
+def load_text_config(checkpoint_dir: str | Path, reference_end_ids: int | Sequence[int] | None = None) -> dict[str, Any]:
     """``config.json``, with ``generation_config.json`` (if present) under key
-    ``generation_config``: HF generate's defaults and end ids live there."""
+    ``generation_config`` (HF generate's defaults and end ids live there) and the end ids
+    (``end_token_ids``, ``reference_end_ids`` as the model's reference generate default)
+    under ``mstar_end_token_ids``."""
     config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
     generation = Path(checkpoint_dir) / "generation_config.json"
     if generation.is_file():
-        config["generation_config"] = json.loads(generation.read_text())
+        config[GENERATION_CONFIG] = json.loads(generation.read_text())
+    config[END_IDS] = list(end_token_ids(config, checkpoint_dir, reference_end_ids))
     return config
 
 
-def eos_token_ids(config: Mapping[str, Any]) -> tuple[int, ...]:
-    """EOS ids from the config and its ``generation_config`` (what HF generate stops on)."""
-    ids: list[int] = []
-    for source in (config, config.get("generation_config") or {}):
-        eos = source.get("eos_token_id")
-        ids += [eos] if isinstance(eos, int) else list(eos or [])
-    return tuple(dict.fromkeys(ids))
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(value)] if isinstance(value, int) else [int(i) for i in value]
+
+
+def end_token_ids(
+    config: Mapping[str, Any],
+    checkpoint_dir: str | Path | None = None,
+    reference_end_ids: int | Sequence[int] | None = None,
+) -> tuple[int, ...]:
+    """The ids generation ends on, from the first source that names any:
+
+    1. ``generation_config.json``'s ``eos_token_id`` (``config["generation_config"]``): what
+       HF generate reads when the file exists;
+    2. ``reference_end_ids``: the end ids the model's reference ``generate`` passes itself
+       when the file names none (the plugin states them, e.g. a keyword default);
+    3. ``config.json``'s ``eos_token_id``: HF's generation config made from the model config;
+    4. the tokenizer's ``eos_token`` (what vLLM adds to every request's stop ids).
+
+    Ids outside ``config["vocab_size"]`` are dropped: they can never be sampled."""
+    sources = (
+        lambda: _ids((config.get(GENERATION_CONFIG) or {}).get("eos_token_id")),
+        lambda: _ids(reference_end_ids),
+        lambda: _ids(config.get("eos_token_id")),
+        lambda: _tokenizer_eos(checkpoint_dir),
+    )
+    for source in sources:
+        ids = source()
+        if ids:
+            vocab = config.get("vocab_size")
+            return tuple(dict.fromkeys(i for i in ids if vocab is None or 0 <= i < int(vocab)))
+    return ()
+
+
+def _tokenizer_eos(checkpoint_dir: str | Path | None) -> list[int]:
+    if checkpoint_dir is None:
+        return []
+    from mstar.text.tokenizer import load_tokenizer
+
+    try:
+        return _ids(load_tokenizer(checkpoint_dir).eos_token_id)
+    except FileNotFoundError:  # a checkpoint without a tokenizer
+        return []
 
 
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty")
@@ -85,7 +129,7 @@ GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty")
 def generation_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     """Sampling defaults the checkpoint's ``generation_config`` sets (greedy when it says
     ``do_sample: false``)."""
-    gen = config.get("generation_config") or {}
+    gen = config.get(GENERATION_CONFIG) or {}
     out = {k: gen[k] for k in GENERATION_DEFAULTS if gen.get(k) is not None}
     if gen.get("do_sample") is False:
         out["temperature"] = 0.0
@@ -93,16 +137,16 @@ def generation_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def text_lm_samplers(config: Mapping[str, Any], node: str = "lm", **defaults: Any) -> dict[str, NodeSamplers]:
-    """The node's sampling declaration: vocabulary, EOS stop ids, penalties over the
-    prompt; main defaults from the checkpoint's generation config, then ``defaults``
-    (e.g. ``max_tokens``)."""
+    """The node's sampling declaration: vocabulary, end ids (decided at load, see
+    ``end_token_ids``), penalties over the prompt; main defaults from the checkpoint's
+    generation config, then ``defaults`` (e.g. ``max_tokens``)."""
     from mstar.sampling import SamplingParams
 
     return {
         node: NodeSamplers(
             vocab_size=int(config["vocab_size"]),
             main=SamplingParams(**{**generation_defaults(config), **defaults}),
-            stop_token_ids=eos_token_ids(config),
+            stop_token_ids=tuple(config[END_IDS]) if END_IDS in config else end_token_ids(config),
             prompt_signal=PROMPT,
         )
     }

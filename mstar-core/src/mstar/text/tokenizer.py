@@ -6,9 +6,16 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from mstar.text.chat_template import Preference, find_chat_template
+
+# Any of these is a tokenizer ``AutoTokenizer`` can build: ``tokenizer.json``, or the files
+# of a BPE (``vocab.json`` + ``merges.txt``, as Qwen releases ship) or SentencePiece model,
+# with ``tokenizer_config.json`` naming the class and the added tokens.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer_config.json")
+
 
 @functools.cache
-def _load(path: str) -> Any:
+def _load(path: str, prefer: Preference) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:  # an optional dependency of core
@@ -16,14 +23,21 @@ def _load(path: str) -> Any:
             "text models need `transformers` for their tokenizer and chat template: "
             "pip install 'mstar-core[text]'"
         ) from exc
-    return AutoTokenizer.from_pretrained(path)
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"checkpoint directory {path} has no tokenizer: none of {list(TOKENIZER_FILES)}")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    # The template may live in a file the tokenizer class does not read (chat_template.json).
+    tokenizer.chat_template = find_chat_template(path, prefer)
+    return tokenizer
 
 
-def load_tokenizer(checkpoint_dir: str | Path) -> Any:
-    """``AutoTokenizer.from_pretrained(checkpoint_dir)``, cached per process and directory
-    (the API process and each preprocess worker load it once). Never downloads: the
-    directory must hold the tokenizer files (``tokenizer.json``, ``tokenizer_config.json``)."""
+def load_tokenizer(checkpoint_dir: str | Path, prefer: Preference = "tokenizer") -> Any:
+    """``AutoTokenizer.from_pretrained(checkpoint_dir)`` with the checkpoint's chat template
+    from ``mstar.text.chat_template.find_chat_template`` (``prefer``: the class whose file
+    order wins), cached per process and directory (the API process and each preprocess
+    worker load it once). Never downloads: the directory holds ``tokenizer.json`` or
+    ``vocab.json`` + ``merges.txt`` (or ``tokenizer.model``) and ``tokenizer_config.json``."""
     path = Path(checkpoint_dir).resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
-    return _load(str(path))
+    return _load(str(path), prefer)
