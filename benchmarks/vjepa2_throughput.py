@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from mstar import Engine
 from mstar_vjepa2.ac_predictor import ACPredictor
-from mstar_vjepa2.checkpoint import load_strict, write_checkpoint
-from mstar_vjepa2.checkpoint_ac import TINY_AC, ac_config, read_upstream
+from mstar_vjepa2.checkpoint import write_checkpoint
+from mstar_vjepa2.checkpoint_ac import TINY_AC, ac_config, load_predictor
 from mstar_vjepa2.checkpoint_ac import write_checkpoint as write_ac_checkpoint
 from mstar_vjepa2.config import TINY_CONFIG
 from mstar_vjepa2.rollout import normalize, rollout_cached, rollout_recompute
@@ -76,7 +76,7 @@ def encoder_table(ckpt: Path, frames: int, rounds: int) -> None:
 
 def rollout_table(ckpt: Path, horizon: int, rounds: int) -> None:
     model = ACPredictor(ac_config(MID_AC)).eval()
-    load_strict(model, read_upstream(ckpt)[1], "predictor")
+    load_predictor(model, ckpt)
     n, e = model.cfg.patches, model.cfg.embed_dim
     gen = torch.Generator().manual_seed(0)
     ctx = normalize(torch.randn(1, 1, n, e, generator=gen))

@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 from mstar_vjepa2.ac_predictor import ACPredictor
-from mstar_vjepa2.checkpoint import load_strict
 from mstar_vjepa2.checkpoint_ac import (
     ac_config,
     encoder_config,
-    encoder_state,
     infer_config,
-    read_upstream,
+    load_encoder,
+    load_predictor,
 )
 from mstar_vjepa2.rollout import next_state, normalize, rollout_cached, rollout_recompute
 from mstar_vjepa2.vit import Encoder
@@ -32,11 +31,10 @@ def ref():
 @pytest.fixture(scope="module")
 def models():
     cfg = infer_config(FIXTURES / "ac_tiny")
-    enc_sd, pred_sd = read_upstream(FIXTURES / "ac_tiny")
     enc = Encoder(encoder_config(cfg)).eval()
-    load_strict(enc, encoder_state(enc_sd), "encoder")
+    load_encoder(enc, FIXTURES / "ac_tiny")
     pred = ACPredictor(ac_config(cfg)).eval()
-    load_strict(pred, pred_sd, "predictor")
+    load_predictor(pred, FIXTURES / "ac_tiny")
     return enc, pred
 
 

@@ -11,8 +11,7 @@ import torch
 from mstar import Engine
 from mstar.testing.conformance import assert_conformant
 from mstar_vjepa2.ac_predictor import ACPredictor
-from mstar_vjepa2.checkpoint import load_strict
-from mstar_vjepa2.checkpoint_ac import ac_config, infer_config, read_upstream
+from mstar_vjepa2.checkpoint_ac import ac_config, infer_config, load_predictor
 from mstar_vjepa2.plan import costs
 from mstar_vjepa2.rollout import rollout_recompute
 from safetensors.torch import load_file
@@ -36,7 +35,7 @@ def engine():
 @pytest.fixture(scope="module")
 def predictor():
     model = ACPredictor(ac_config(infer_config(CKPT))).eval()
-    load_strict(model, read_upstream(CKPT)[1], "predictor")
+    load_predictor(model, CKPT)
     return model
 
 

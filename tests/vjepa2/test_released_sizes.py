@@ -37,12 +37,14 @@ def test_released_ac_layout_loads_through_the_renaming():
     import json
     from pathlib import Path
 
+    from mstar.weights import StateDictSource, check_weights
     from mstar_vjepa2.ac_predictor import ACPredictor
     from mstar_vjepa2.checkpoint_ac import (
+        ENCODER_KEYS,
+        PREDICTOR_KEYS,
         ac_config,
         config_from_states,
         encoder_config,
-        encoder_state,
     )
     from mstar_vjepa2.vit import Encoder
 
@@ -53,6 +55,6 @@ def test_released_ac_layout_loads_through_the_renaming():
     assert (cfg["embed_dim"], cfg["predictor_dim"], cfg["action_dim"], cfg["patch_size"]) == (1408, 1024, 7, 16)
     with torch.device("meta"):
         enc, pred = Encoder(encoder_config(cfg)), ACPredictor(ac_config(cfg))
-    renamed = {k: tuple(v.shape) for k, v in encoder_state(enc_sd).items()}
-    assert renamed == {k: tuple(v.shape) for k, v in enc.state_dict().items()}
-    assert {k: tuple(v.shape) for k, v in pred_sd.items()} == {k: tuple(v.shape) for k, v in pred.state_dict().items()}
+    upstream = {f"encoder.{k}": v for k, v in enc_sd.items()} | {f"predictor.{k}": v for k, v in pred_sd.items()}
+    check_weights(enc, StateDictSource(upstream, "released shapes"), **ENCODER_KEYS)
+    check_weights(pred, StateDictSource(upstream, "released shapes"), **PREDICTOR_KEYS)

@@ -8,7 +8,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from mstar_vjepa2.checkpoint import load_strict, read_state, write_checkpoint  # noqa: E402
+from mstar_vjepa2.checkpoint import load_component, write_checkpoint  # noqa: E402
 from mstar_vjepa2.config import from_hf_dict, load_config  # noqa: E402
 from mstar_vjepa2.vit import VJEPA2  # noqa: E402
 
@@ -27,8 +27,7 @@ def ckpt(tmp_path_factory):
 def ours(ckpt):
     cfg = from_hf_dict(load_config(ckpt))
     model = VJEPA2(cfg).eval()
-    state = read_state(ckpt, "")
-    load_strict(model, state, "vjepa2")
+    load_component(model, ckpt)
     return cfg, model
 
 

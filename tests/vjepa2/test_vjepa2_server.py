@@ -20,8 +20,8 @@ import torch
 from mstar.api.tensors import tensor_from_json, tensor_to_json
 from mstar.client import Client
 from mstar_vjepa2.ac_predictor import ACPredictor
-from mstar_vjepa2.checkpoint import load_strict, read_state, write_checkpoint
-from mstar_vjepa2.checkpoint_ac import ac_config, infer_config, read_upstream
+from mstar_vjepa2.checkpoint import load_component, write_checkpoint
+from mstar_vjepa2.checkpoint_ac import ac_config, infer_config, load_predictor
 from mstar_vjepa2.config import from_hf_dict, load_config
 from mstar_vjepa2.plan import costs
 from mstar_vjepa2.rollout import rollout_recompute
@@ -105,7 +105,7 @@ def _error(r: httpx.Response) -> dict:
 def test_encode_and_predict_from_an_mp4(v_server, v_ckpt):
     cfg = from_hf_dict(load_config(v_ckpt))
     model = VJEPA2(cfg).eval()
-    load_strict(model, read_state(v_ckpt, ""), "ref")
+    load_component(model, v_ckpt)
     data = _mp4(4)
     pixels = preprocess(decode_video(data, 64), VideoPreprocessing.for_crop(cfg.crop_size))
     want_lat, _ = model.encoder(pixels[None])
@@ -153,7 +153,7 @@ def test_a_list_of_images_and_raw_frames_encode_like_their_pixels(v_server, v_ck
 
     cfg = from_hf_dict(load_config(v_ckpt))
     model = VJEPA2(cfg).eval()
-    load_strict(model, read_state(v_ckpt, ""), "ref")
+    load_component(model, v_ckpt)
     frames = torch.randint(0, 256, (2, 30, 22, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
     pngs = []
     for f in frames:
@@ -178,7 +178,7 @@ def test_sampling_frames_lets_a_long_video_in(v_server):
 def ac_ref():
     ref = load_file(str(FIXTURES / "ac_reference.safetensors"))
     model = ACPredictor(ac_config(infer_config(AC_CKPT))).eval()
-    load_strict(model, read_upstream(AC_CKPT)[1], "predictor")
+    load_predictor(model, AC_CKPT)
     return ref, model
 
 

@@ -1,43 +1,35 @@
 """Loading and writing V-JEPA 2 checkpoints in the ``transformers`` layout
-(``config.json`` + ``model.safetensors``, keys ``encoder.*`` and ``predictor.*``)."""
+(``config.json`` + ``model.safetensors`` or HF's shards, keys ``encoder.*`` and
+``predictor.*``), loaded through core's ``load_weights``."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from mstar.weights import SafetensorsSource, load_weights
+from safetensors.torch import save_file
 from torch import nn
 
 from mstar_vjepa2.config import TINY_CONFIG, from_hf_dict
 
-# Keys of a VJEPA2ForVideoClassification checkpoint carry this prefix; the pooler and
-# classifier are not part of VJEPA2Model and are not loaded.
+# A VJEPA2ForVideoClassification checkpoint holds VJEPA2Model's keys under this prefix,
+# beside its pooler and classifier, which are not loaded.
 _CLASSIFIER_PREFIX = "vjepa2."
+_CLASSIFIER_HEADS = ("pooler.", "classifier.")
+COMPONENTS = ("encoder.", "predictor.")
 
 
-def load_strict(module: nn.Module, state: Mapping[str, torch.Tensor], what: str) -> None:
-    """Copy ``state`` into ``module``; any missing, unexpected or misshapen key is an error."""
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"{what}: missing keys {missing[:8]}{'...' if len(missing) > 8 else ''}, "
-                         f"unexpected keys {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(own[k].shape):
-            raise ValueError(f"{what}: {k} has shape {tuple(v.shape)}, the config needs {tuple(own[k].shape)}")
-    module.load_state_dict(dict(state), strict=True)
-
-
-def read_state(checkpoint_dir: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """The tensors under ``prefix`` (e.g. ``encoder.``), prefix removed."""
-    state = load_file(str(Path(checkpoint_dir) / "model.safetensors"))
-    if any(k.startswith(_CLASSIFIER_PREFIX) for k in state):
-        state = {k[len(_CLASSIFIER_PREFIX):]: v for k, v in state.items() if k.startswith(_CLASSIFIER_PREFIX)}
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+def load_component(module: nn.Module, checkpoint_dir: Path, component: str = "") -> None:
+    """Fill ``module`` strictly from the checkpoint's ``component`` keys (``encoder.``,
+    ``predictor.``, or ``""`` for the whole VJEPA2Model); any key that is neither the
+    component's nor another component's is unexpected."""
+    source = SafetensorsSource(checkpoint_dir)
+    base = _CLASSIFIER_PREFIX if any(k.startswith(_CLASSIFIER_PREFIX) for k in source.weight_map) else ""
+    others = tuple(base + c for c in COMPONENTS if component and c != component)
+    skip = others + (_CLASSIFIER_HEADS if base else ())
+    load_weights(module, source, prefix=base + component, skip=skip)
 
 
 def video_preprocessor_config(crop_size: int) -> dict:

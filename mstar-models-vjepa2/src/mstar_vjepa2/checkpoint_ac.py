@@ -10,8 +10,9 @@ Layout of a ``vjepa2ac`` checkpoint directory:
   ViT-g model's (256 px, 22 and 16 heads, no extrinsics).
 
 Widths, depths, patch and tubelet sizes and the action width are read from the tensors.
-Encoder keys are renamed onto the ``transformers``-named encoder (``blocks.i.attn.qkv`` is
-split into ``query``/``key``/``value``); predictor keys keep upstream's names.
+Core's ``load_weights`` reads the file memory-mapped: encoder keys are renamed onto the
+``transformers``-named encoder (``blocks.i.attn.qkv`` is split into ``query``/``key``/
+``value``); predictor keys keep upstream's names.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mstar.weights import Packed, StateDictSource, load_weights, torch_file
+from torch import nn
 
 from mstar_vjepa2.ac_predictor import ACConfig
 from mstar_vjepa2.config import VitConfig, VJEPA2Config
@@ -36,16 +39,50 @@ def checkpoint_file(checkpoint_dir: Path) -> Path:
     return files[0]
 
 
-def _clean(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k.replace("module.", "").replace("backbone.", ""): v for k, v in state.items()}
+# Upstream's hub loader strips these wrappers (DDP's ``module.``, ``backbone.``) from keys.
+_WRAPPERS = (r"^(module\.)?(backbone\.)?", "")
+
+# Upstream ViT names -> the transformers-named encoder's (``attn.qkv`` is split by ``QKV``).
+ENCODER_RENAMES = (
+    _WRAPPERS,
+    (r"^patch_embed\.", "embeddings.patch_embeddings."),
+    (r"^norm\.", "layernorm."),
+    (r"^blocks\.(\d+)\.attn\.", r"layer.\1.attention."),
+    (r"^blocks\.(\d+)\.", r"layer.\1."),
+)
+QKV = Packed("qkv", ("query", "key", "value"))
+
+
+def _upstream(checkpoint_dir: Path) -> StateDictSource:
+    """The checkpoint file's tensors, memory-mapped, keyed ``encoder.*`` / ``predictor.*``
+    as upstream saved them."""
+    return torch_file(checkpoint_file(checkpoint_dir))
+
+
+# ``load_weights`` arguments of each component (``pos_embed``: a RoPE encoder has none).
+ENCODER_KEYS: dict[str, Any] = dict(prefix="encoder.", renames=ENCODER_RENAMES, packed=(QKV,), ignore=(r"(^|\.)pos_embed$",))
+PREDICTOR_KEYS: dict[str, Any] = dict(prefix="predictor.", renames=(_WRAPPERS,))
+
+
+def load_encoder(module: nn.Module, checkpoint_dir: Path) -> None:
+    load_weights(module, _upstream(checkpoint_dir), **ENCODER_KEYS)
+
+
+def load_predictor(module: nn.Module, checkpoint_dir: Path) -> None:
+    load_weights(module, _upstream(checkpoint_dir), **PREDICTOR_KEYS)
 
 
 def read_upstream(checkpoint_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    raw = torch.load(checkpoint_file(checkpoint_dir), map_location="cpu", weights_only=True)
-    missing = [k for k in ("encoder", "predictor") if k not in raw]
-    if missing:
-        raise ValueError(f"{checkpoint_dir}: the checkpoint has no {missing} state dict(s); keys: {sorted(raw)[:8]}")
-    return _clean(raw["encoder"]), _clean(raw["predictor"])
+    """(encoder, predictor) tensors under upstream's names, wrappers stripped,
+    memory-mapped (for reading the config from their shapes)."""
+    state = _upstream(checkpoint_dir).state
+    parts = []
+    for part in ("encoder.", "predictor."):
+        tensors = {re.sub(*_WRAPPERS, k[len(part):]): v for k, v in state.items() if k.startswith(part)}
+        if not tensors:
+            raise ValueError(f"{checkpoint_dir}: the checkpoint has no {part.rstrip('.')} state dict; keys: {sorted(state)[:8]}")
+        parts.append(tensors)
+    return parts[0], parts[1]
 
 
 def _count(state: dict[str, torch.Tensor], pattern: str) -> int:
@@ -92,30 +129,9 @@ def ac_config(cfg: dict[str, Any]) -> ACConfig:
                     action_dim=cfg["action_dim"], grid_h=grid, grid_w=grid, use_extrinsics=cfg["use_extrinsics"])
 
 
-def encoder_state(upstream: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Upstream ViT keys → our (``transformers``-named) encoder keys."""
-    out: dict[str, torch.Tensor] = {}
-    for key, value in upstream.items():
-        if key == "pos_embed":
-            continue  # a RoPE encoder does not use it
-        if key.startswith("patch_embed."):
-            out["embeddings.patch_embeddings." + key[len("patch_embed."):]] = value
-        elif key.startswith("norm."):
-            out["layernorm." + key[len("norm."):]] = value
-        elif m := re.match(r"blocks\.(\d+)\.attn\.qkv\.(weight|bias)$", key):
-            for name, part in zip(("query", "key", "value"), value.chunk(3, dim=0), strict=True):
-                out[f"layer.{m.group(1)}.attention.{name}.{m.group(2)}"] = part.clone()
-        elif m := re.match(r"blocks\.(\d+)\.attn\.proj\.(.*)$", key):
-            out[f"layer.{m.group(1)}.attention.proj.{m.group(2)}"] = value
-        elif m := re.match(r"blocks\.(\d+)\.(.*)$", key):
-            out[f"layer.{m.group(1)}.{m.group(2)}"] = value
-        else:
-            out[key] = value  # reported as unexpected by the strict load
-    return out
-
-
 def encoder_state_to_upstream(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of ``encoder_state`` (for writing tiny checkpoints in upstream's layout)."""
+    """Our encoder's keys in upstream's layout (``ENCODER_RENAMES`` and ``QKV`` undo it), for
+    writing tiny checkpoints."""
     out: dict[str, torch.Tensor] = {}
     for key, value in ours.items():
         if key.startswith("embeddings.patch_embeddings."):

@@ -72,22 +72,22 @@ def mstar_model_spec() -> ModelSpec:
 
 
 def _build_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
-    from mstar_vjepa2.checkpoint import load_strict, read_state
+    from mstar_vjepa2.checkpoint import load_component
     from mstar_vjepa2.nodes import EncoderNode
 
     node = EncoderNode(from_hf_dict(config), TASKS)
     if checkpoint_dir is not None:
-        load_strict(node.encoder, read_state(checkpoint_dir, "encoder."), "vjepa2 encoder")
+        load_component(node.encoder, checkpoint_dir, "encoder.")
     return node.to(device).eval()
 
 
 def _build_predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
-    from mstar_vjepa2.checkpoint import load_strict, read_state
+    from mstar_vjepa2.checkpoint import load_component
     from mstar_vjepa2.nodes import PredictorNode
 
     node = PredictorNode(from_hf_dict(config))
     if checkpoint_dir is not None:
-        load_strict(node.predictor, read_state(checkpoint_dir, "predictor."), "vjepa2 predictor")
+        load_component(node.predictor, checkpoint_dir, "predictor.")
     return node.to(device).eval()
 
 

@@ -102,14 +102,13 @@ def _predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str)
     """One predictor module per (checkpoint, device), shared by the rollout and planner
     nodes so the weights are held once."""
     from mstar_vjepa2.ac_predictor import ACPredictor
-    from mstar_vjepa2.checkpoint import load_strict
-    from mstar_vjepa2.checkpoint_ac import ac_config, read_upstream
+    from mstar_vjepa2.checkpoint_ac import ac_config, load_predictor
 
     key = (str(checkpoint_dir), str(device))
     if checkpoint_dir is None or key not in _PREDICTORS:
         pred = ACPredictor(ac_config(config))
         if checkpoint_dir is not None:
-            load_strict(pred, read_upstream(checkpoint_dir)[1], "vjepa2ac predictor")
+            load_predictor(pred, checkpoint_dir)
         pred = pred.to(device).eval()
         if checkpoint_dir is None:
             return pred
@@ -118,13 +117,12 @@ def _predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str)
 
 
 def _build_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
-    from mstar_vjepa2.checkpoint import load_strict
-    from mstar_vjepa2.checkpoint_ac import encoder_config, encoder_state, read_upstream
+    from mstar_vjepa2.checkpoint_ac import encoder_config, load_encoder
     from mstar_vjepa2.nodes_ac import ACEncoderNode
 
     node = ACEncoderNode(encoder_config(config), TASKS, config["max_frames"])
     if checkpoint_dir is not None:
-        load_strict(node.encoder, encoder_state(read_upstream(checkpoint_dir)[0]), "vjepa2ac encoder")
+        load_encoder(node.encoder, checkpoint_dir)
     return node.to(device).eval()
 
 

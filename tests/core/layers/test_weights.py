@@ -15,6 +15,7 @@ from mstar.weights import (
     SafetensorsSource,
     Stacked,
     WeightNormFolded,
+    check_weights,
     load_weights,
     torch_file,
 )
@@ -277,8 +278,12 @@ def test_weight_norm_pairs_fold_into_plain_weights(tmp_path: Path) -> None:
         assert torch.equal(plain.weight, ref.weight) and torch.equal(plain.bias, ref.bias)
 
 
-def test_a_meta_module_is_refused(tmp_path: Path) -> None:
+def test_a_meta_module_is_refused_but_can_be_checked(tmp_path: Path) -> None:
     with torch.device("meta"):
         lin = nn.Linear(2, 2)
+    ckpt = save(tmp_path, {"weight": randn(2, 2), "bias": randn(2)})
     with pytest.raises(ValueError, match="to_empty"):
-        load_weights(lin, save(tmp_path, {"weight": randn(2, 2), "bias": randn(2)}))
+        load_weights(lin, ckpt)
+    check_weights(lin, ckpt)  # names and shapes only
+    with pytest.raises(CheckpointMismatchError, match=r"missing keys \(1\): \['weight'\]"):
+        check_weights(lin, ckpt, ignore=["weight"])

@@ -9,7 +9,7 @@ before anything is copied, and tensors are cast one at a time as they are copied
 """
 
 from mstar.weights.errors import CheckpointMismatchError
-from mstar.weights.loader import load_weights
+from mstar.weights.loader import check_weights, load_weights
 from mstar.weights.plan import Packed, Stacked
 from mstar.weights.sources import (
     INDEX_FILE,
@@ -31,6 +31,7 @@ __all__ = [
     "StateDictSource",
     "TensorSource",
     "WeightNormFolded",
+    "check_weights",
     "load_weights",
     "torch_file",
 ]
