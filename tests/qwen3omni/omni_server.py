@@ -17,13 +17,16 @@ import httpx
 
 
 @contextlib.contextmanager
-def omni_server(args: list[str], log_path: Path, env: dict[str, str] | None = None, start_s: float = 600) -> Iterator[str]:
-    """Yields the server's URL. ``args`` follow ``mstar serve --model qwen3omni --random-weights``;
-    ``start_s``: a loaded 2-core machine writes the random checkpoint and warms up for minutes."""
+def omni_server(args: list[str], log_path: Path, env: dict[str, str] | None = None, start_s: float = 600,
+                weights: Path | None = None) -> Iterator[str]:
+    """Yields the server's URL. ``args`` follow ``mstar serve --model qwen3omni --random-weights``
+    (``--weights weights`` when given); ``start_s``: a loaded 2-core machine writes the random
+    checkpoint and warms up for minutes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "mstar.cli", "serve", "--model", "qwen3omni", "--random-weights", "--port", str(port), *args]
+    source = ["--weights", str(weights)] if weights is not None else ["--random-weights"]
+    cmd = [sys.executable, "-m", "mstar.cli", "serve", "--model", "qwen3omni", *source, "--port", str(port), *args]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})

@@ -1,8 +1,11 @@
-"""``mstar serve --model qwen3omni --random-weights`` over HTTP with the official openai
-client: text, image + text, audio + text and video (with and without its audio track) chats
-(whole and streamed), a seeded sampled
-multimodal request alone and inside a batch of 8 mixed requests, and bad media parts as
-400s naming the part while the server keeps serving."""
+"""``mstar serve --model qwen3omni --weights DIR`` over HTTP with the official openai client, DIR
+the plugin's tiny checkpoint in the layout ``Qwen/Qwen3-Omni-30B-A3B-Instruct`` ships (template
+only in ``chat_template.json``, ``vocab.json`` + ``merges.txt``, no end id in
+``generation_config.json``, sharded weights: the server must warm up on it): a text chat equal
+to transformers' greedy generate token for token, image + text, audio + text and video (with
+and without its audio track) chats (whole and streamed), a seeded sampled multimodal request
+alone and inside a batch of 8 mixed requests, and bad media parts as 400s naming the part
+while the server keeps serving."""
 
 from __future__ import annotations
 
@@ -69,9 +72,19 @@ def _user(*parts: dict) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mstar.testing.release_layouts import variant_copy
+    from mstar_qwen3omni.tiny_checkpoint import write_checkpoint
+    from thinker_reference import RELEASE
+
+    written = write_checkpoint(tmp_path_factory.mktemp("qwen3omni-written"))
+    return variant_copy(written, tmp_path_factory.mktemp("qwen3omni-release"), *RELEASE)
+
+
+@pytest.fixture(scope="module")
+def server(ckpt: Path, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("qwen3omni-server") / "server.log"
-    with omni_server(["--preprocess-workers", "1"], log) as url:
+    with omni_server(["--preprocess-workers", "1"], log, weights=ckpt) as url:
         yield url
 
 
@@ -108,9 +121,20 @@ def test_video_chat_with_and_without_its_audio(client):
     assert text == with_audio.choices[0].message.content
 
 
-def test_text_chat(client):
-    out = _chat(client, [{"role": "user", "content": "Hello!"}])
-    assert out.choices[0].finish_reason == "length" and out.choices[0].message.content
+def test_text_chat_equals_transformers_greedy(client, ckpt):
+    from thinker_reference import reference_prompt
+    from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+
+    messages = [{"role": "user", "content": "Hello!"}]
+    out = _chat(client, messages)
+    ids = torch.tensor([reference_prompt(ckpt, messages)])
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), return_audio=False,
+                              thinker_max_new_tokens=8, thinker_do_sample=False)[0, ids.shape[1]:]
+    assert out.usage.prompt_tokens == ids.shape[1] and out.usage.completion_tokens == len(want) == 8
+    assert out.choices[0].message.content == AutoTokenizer.from_pretrained(str(ckpt)).decode(want, skip_special_tokens=True)
+    assert out.choices[0].finish_reason == "length"
 
 
 def test_seeded_multimodal_request_is_the_same_alone_and_in_a_mixed_batch(client):
@@ -151,17 +175,14 @@ def test_bad_media_part_is_a_400_naming_it_and_the_server_keeps_serving(client, 
     assert _chat(client, _user(IMAGE)).choices[0].finish_reason == "length"
 
 
-def test_native_generate_with_processor_tensors_equals_the_chat(server, client):
+def test_native_generate_with_processor_tensors_equals_the_chat(server, client, ckpt):
     """``/v1/generate`` with the prompt ids and processor tensors of an image chat (made by
     the plugin's preprocessor on the served checkpoint) and kwarg ``media``: the same tokens
     as the chat completion."""
     from mstar.api.tensors import tensor_from_json, tensor_to_json
-    from mstar.engine.engine import random_weights_dir
-    from mstar.plugins.loading import load_model
     from mstar.text import load_tokenizer
     from mstar_qwen3omni.processing import Preprocessor
 
-    ckpt = random_weights_dir("qwen3omni", load_model("qwen3omni"))
     messages = _user(IMAGE, {"type": "text", "text": "Describe it."})
     processed = Preprocessor.from_checkpoint(ckpt)(messages)
     inputs = {"prompt_ids": torch.tensor(processed.input_ids), **processed.tensors}

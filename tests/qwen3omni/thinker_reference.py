@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 IM_START, IM_END, NL, USER, ASSISTANT = 151644, 151645, 198, 872, 77091
+# mstar.testing.release_layouts transforms giving the layout Qwen/Qwen3-Omni-30B-A3B-Instruct ships.
+RELEASE = ("template_in_chat_template_json", "slow_tokenizer_files", "generation_config_without_eos", "torch_dtype_key", "sharded")
 VISION_START, VISION_END, IMAGE, VIDEO = 151652, 151653, 151655, 151656
 AUDIO_START, AUDIO_END, AUDIO = 151669, 151670, 151675
 
@@ -136,3 +138,41 @@ def hf_greedy(ckpt: Path, case: Case, n: int) -> list[int]:
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, eos_token_id=None,
                              do_sample=False, **case.hf_inputs)
     return out[0, len(case.prompt):].tolist()
+
+
+def reference_prompt(root: Path, messages: list[dict[str, Any]]) -> list[int]:
+    """The chat prompt transformers makes on ``root``: the processor's template (the
+    tokenizer's when the processor's files hold none), applied by its tokenizer."""
+    from transformers import AutoTokenizer, ProcessorMixin
+
+    tok = AutoTokenizer.from_pretrained(str(root))
+    template = ProcessorMixin.get_processor_dict(str(root))[0].get("chat_template") or tok.chat_template
+    return tok.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, return_dict=True)["input_ids"]
+
+
+def end_answer_at(ckpt: Path, prompt: list[int], step: int, end_id: int = IM_END) -> None:
+    """Rewrite ``ckpt``'s Thinker head so that its greedy answer to ``prompt`` is the answer it
+    gave before up to ``step``, then ``end_id``: ``end_id``'s row becomes the least-norm row
+    whose logit is one below the winner's at the steps before ``step`` and one above it at
+    ``step``. Call it before anything loads the checkpoint (``hf_thinker`` caches by path)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    thinker = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(ckpt), dtype=torch.float32).thinker.eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = thinker.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=step + 1,
+                               eos_token_id=None, do_sample=False, return_dict_in_generate=True)
+        seq = out.sequences[0]
+        assert end_id not in seq[len(prompt):].tolist()
+        hidden = thinker.model(input_ids=seq[None, :-1], attention_mask=torch.ones(1, len(seq) - 1, dtype=torch.long)).last_hidden_state
+    h = hidden[0, len(prompt) - 1 :].double()  # [step + 1, H]: the states that predict each answer token
+    winners = (h @ thinker.lm_head.weight.double().T).max(-1).values
+    target = winners + torch.tensor([-1.0] * step + [1.0], dtype=torch.float64)
+    row = torch.linalg.lstsq(h, target[:, None]).solution[:, 0]  # least-norm: H has full row rank
+    del thinker
+    path = ckpt / "model.safetensors"
+    state = load_file(str(path))
+    state["thinker.lm_head.weight"][end_id] = row.float()
+    path.unlink()  # a new file: the old one may be mapped
+    save_file(state, str(path), metadata={"format": "pt"})
