@@ -305,3 +305,41 @@ def test_stop_token_ends_with_stop_and_is_not_shown(client, hf, tok) -> None:
                                      extra_body={"stop_token_ids": [ids[k]], "ignore_eos": True})
     assert resp.choices[0].finish_reason == "stop"
     assert resp.choices[0].text == tok.decode(ids[:k])
+
+
+# ---- released layouts -----------------------------------------------------------------------
+
+# mstar.testing.release_layouts transforms: Qwen3 text releases keep the template in
+# tokenizer_config.json, say torch_dtype and shard their weights; a template only in the
+# processor's chat_template.json is found too.
+LAYOUTS = {
+    "qwen3_release": ("template_in_tokenizer_config", "torch_dtype_key", "sharded"),
+    "processor_template": ("template_in_chat_template_json",),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_released_layouts_warm_up_and_chat_equal_transformers(plugin, ckpt, hf, tok, tmp_path, layout) -> None:
+    """The serve warm-up's own path (``load_adapter``, the warm-up request, ``chat_inputs``,
+    the engine) on each layout, and a greedy chat equal to transformers generate."""
+    from mstar import Engine
+    from mstar.api.protocol import ChatCompletionRequest
+    from mstar.server.preprocess import load_adapter
+    from mstar.testing.release_layouts import variant_copy
+
+    root = variant_copy(ckpt, tmp_path / layout, *LAYOUTS[layout])
+    _, adapter = load_adapter(MODEL, root)
+    warm = adapter.chat_inputs(adapter.warmup_request())
+    chat = adapter.chat_inputs(ChatCompletionRequest(model=MODEL, messages=MESSAGES))
+    prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert chat.inputs["prompt_ids"].tolist() == prompt
+    with Engine.from_model(MODEL, weights=root) as engine:
+        warmed, out = engine.run_batch([
+            {"inputs": warm.inputs, "sampling": {"temperature": 0, "max_tokens": 2}},
+            {"inputs": chat.inputs, "sampling": {"temperature": 0, "max_tokens": 12}},
+        ])
+    assert warmed.error is None and out.error is None, (warmed.error, out.error)
+    want, _ = hf_greedy(hf, prompt, 12)
+    ended = bool(want) and want[-1] == hf.config.eos_token_id
+    assert out.cat("tokens").tolist() == (want[:-1] if ended else want)
+    assert out.finish_reason == ("stop" if ended else "length")
