@@ -5,6 +5,7 @@ Layout (``--weights DIR``)::
     DIR/config.json                      Llama config (canopylabs/orpheus-3b-0.1-ft)
     DIR/model.safetensors                or model-*.safetensors + model.safetensors.index.json
     DIR/tokenizer.json                   the Orpheus tokenizer (Llama-3 + <custom_token_N>)
+    DIR/generation_config.json           optional: end ids (else config.json's eos_token_id)
     DIR/snac/config.json                 hubertsiuzdak/snac_24khz
     DIR/snac/pytorch_model.bin
 """
@@ -15,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
+from mstar.text.lm import END_IDS, GENERATION_CONFIG, end_token_ids
 
 from mstar_orpheus.tokens import OrpheusTokens
 
@@ -43,16 +44,18 @@ def load_config(checkpoint_dir: Path) -> dict[str, Any]:
     tokens = OrpheusTokens.from_tokenizer(checkpoint_dir / TOKENIZER_FILE, int(snac.get("codebook_size", 4096)))
     if tokens.custom_token_base + 10 >= config["vocab_size"]:
         raise ValueError(f"vocab_size {config['vocab_size']} holds no audio tokens (base id {tokens.custom_token_base})")
-    return {**config, "orpheus": tokens.as_dict(), "snac": snac}
+    return {**config, "orpheus": tokens.as_dict(), "snac": snac, END_IDS: list(_end_ids(checkpoint_dir, config))}
+
+
+def _end_ids(checkpoint_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
+    """The checkpoint's end ids (generation_config.json's, else config.json's, else the
+    tokenizer's eos_token): the official pipeline runs on vLLM, which stops on them besides
+    its own stop ids."""
+    generation = checkpoint_dir / "generation_config.json"
+    gen = json.loads(generation.read_text()) if generation.is_file() else {}
+    return end_token_ids({**config, GENERATION_CONFIG: gen}, checkpoint_dir)
 
 
 def head_dim(config: dict[str, Any]) -> int:
     return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
-
-def lm_dtype(config: dict[str, Any], device: str | torch.device) -> torch.dtype:
-    """The checkpoint's dtype on accelerators; float32 on CPU (bf16 matmuls there are slow)."""
-    if torch.device(device).type == "cpu":
-        return torch.float32
-    name = config.get("torch_dtype") or config.get("dtype") or "float32"
-    return getattr(torch, str(name).removeprefix("torch."))

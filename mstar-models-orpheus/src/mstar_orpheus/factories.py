@@ -9,14 +9,14 @@ from typing import Any
 from mstar_orpheus.config import SNAC_DIR
 
 
-def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
+    """``dtype``: core's choice (``--dtype``; default float32)."""
     import torch
+    from mstar.weights import load_weights
 
-    from mstar_orpheus.config import lm_dtype
     from mstar_orpheus.lm_node import OrpheusLM
-    from mstar_orpheus.weights import load_safetensors
 
-    dtype = lm_dtype(config, device)
+    dtype = dtype or torch.float32
     if checkpoint_dir is None:
         lm = OrpheusLM(config, dtype)
         lm.init_random(float(config.get("initializer_range", 0.02)))
@@ -25,17 +25,19 @@ def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -
         lm = OrpheusLM(config, dtype).to(dtype)
     lm = lm.to_empty(device=device)
     # Derived buffers some exports carry, and a tied head's duplicate, are not loaded.
-    ignore = r"rotary_emb\.inv_freq$" + (r"|^lm_head\.weight$" if lm.tied else "")
-    load_safetensors(lm, checkpoint_dir, ignore=ignore, desc="orpheus LM")
+    ignore = (r"rotary_emb\.inv_freq$", *((r"^lm_head\.weight$",) if lm.tied else ()))
+    load_weights(lm, checkpoint_dir, ignore=ignore)
     return lm
 
 
-def build_snac(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
-    from mstar_orpheus.snac_model import SnacDecoder
+def build_snac(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
+    """Always float32 (the plugin lists ``snac`` in ``float32_nodes``)."""
+    import torch
+
+    from mstar_orpheus.snac_model import load_snac_weights
     from mstar_orpheus.snac_node import SnacNode, codec_batch
-    from mstar_orpheus.weights import load_torch_bin
 
     node = SnacNode(config["snac"], batch=codec_batch(config, device))
     if checkpoint_dir is not None:
-        load_torch_bin(node.snac, Path(checkpoint_dir) / SNAC_DIR / "pytorch_model.bin", ignore=SnacDecoder.UNUSED_KEYS)
-    return node.to(device)
+        load_snac_weights(node.snac, Path(checkpoint_dir) / SNAC_DIR)
+    return node.to(device=device, dtype=dtype or torch.float32)

@@ -61,6 +61,7 @@ def mstar_model_spec() -> ModelSpec:
         example_requests=_example_requests,
         # SNAC windows decode on a worker thread beside the LM's next step.
         engine_defaults={"overlap_nodes": True},
+        float32_nodes=("snac",),  # the codec: audio quality, and it is small
     )
 
 
@@ -72,6 +73,7 @@ def mstar_node_factories(config: dict) -> dict[str, Any]:
 @hookimpl
 def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
     from mstar.sampling import SamplingParams
+    from mstar.text.lm import END_IDS
 
     from mstar_orpheus.tokens import OrpheusTokens
 
@@ -81,7 +83,8 @@ def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
             vocab_size=int(config["vocab_size"]),
             # The official Orpheus defaults; max_tokens as in its generate().
             main=SamplingParams(temperature=0.6, top_p=0.8, repetition_penalty=1.3, max_tokens=1200),
-            stop_token_ids=(tokens.end_of_speech,),
+            # End of speech, and the checkpoint's end ids, on which the official pipeline's vLLM stops too.
+            stop_token_ids=tuple(dict.fromkeys((tokens.end_of_speech, *config.get(END_IDS, ())))),
             prompt_signal="prompt_ids",
             withhold_on_stop=("code",),  # the end-of-speech token itself still reaches the client
         )

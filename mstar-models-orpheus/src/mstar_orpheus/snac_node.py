@@ -50,9 +50,6 @@ class SnacNode(NodeSubmodule):
         # One frame = one level-0 code = vq_strides[0] latent steps of hop_length samples.
         self.emit = emitted_samples(self.snac_cfg.hop_length * self.snac_cfg.vq_strides[0])
 
-    def get_autocast_dtype(self) -> torch.dtype:
-        return torch.float32
-
     def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
         # Batch size changes conv kernels' rounding: only fixed-size calls keep a seeded
         # request's audio byte-identical whatever else is running (see decode_windows).

@@ -41,9 +41,6 @@ class Code2WavNode(NodeSubmodule):
         self.batch = batch
         self.code2wav = Code2Wav(self.cfg)
 
-    def get_autocast_dtype(self) -> torch.dtype:
-        return torch.float32
-
     def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
         return self.batch > 1
 

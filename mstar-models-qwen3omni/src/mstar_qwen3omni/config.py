@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
 
 
@@ -150,15 +148,6 @@ class MultimodalTokens:
             spatial_merge_size=int((t.get("vision_config") or {}).get("spatial_merge_size", 2)),
             audio_n_window=int((t.get("audio_config") or {}).get("n_window", 50)),
         )
-
-
-def model_dtype(config: dict[str, Any], device: str | torch.device) -> torch.dtype:
-    """The checkpoint's dtype on accelerators; float32 on CPU (bf16 matmuls there are slow)."""
-    if torch.device(device).type == "cpu":
-        return torch.float32
-    thinker = thinker_config(config)
-    name = config.get("torch_dtype") or config.get("dtype") or thinker.get("dtype") or "bfloat16"
-    return getattr(torch, str(name).removeprefix("torch."))
 
 
 def has_speech(config: Mapping[str, Any]) -> bool:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mstar.layers import load_safetensors
 from mstar.model.submodule_base import (
     BatchedModelOutput,
     CurrentForwardPassInfo,
@@ -18,6 +17,7 @@ from mstar.model.submodule_base import (
     NodeInputs,
     NodeSubmodule,
 )
+from mstar.weights import load_weights
 
 from mstar_qwen3omni.audio_encoder import (
     AudioEncoder,
@@ -25,7 +25,7 @@ from mstar_qwen3omni.audio_encoder import (
     audio_output_lengths,
     pack_features,
 )
-from mstar_qwen3omni.config import model_dtype
+from mstar_qwen3omni.checkpoint_keys import AUDIO_TOWER_KEYS, VISION_TOWER_KEYS
 from mstar_qwen3omni.vision_encoder import VisionEncoder, VisionEncoderConfig, vision_token_counts
 
 # Walks and the request signals they read and write (names of the processor's tensors).
@@ -123,19 +123,21 @@ class VisionEncoderNode(NodeSubmodule):
         return BatchedModelOutput(per_rid_outputs=per_rid)
 
 
-def build_audio_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> AudioEncoderNode:
+def build_audio_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str,
+                        dtype: torch.dtype = torch.float32) -> AudioEncoderNode:
     cfg = AudioEncoderConfig.from_dict(config["thinker_config"]["audio_config"])
     with torch.device(device):
-        node = AudioEncoderNode(cfg).to(model_dtype(config, device))
+        node = AudioEncoderNode(cfg).to(dtype)
     if checkpoint_dir is not None:
-        load_safetensors(node.encoder, checkpoint_dir, "thinker.audio_tower.")
+        load_weights(node.encoder, checkpoint_dir, **AUDIO_TOWER_KEYS)
     return node
 
 
-def build_vision_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> VisionEncoderNode:
+def build_vision_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str,
+                         dtype: torch.dtype = torch.float32) -> VisionEncoderNode:
     cfg = VisionEncoderConfig.from_dict(config["thinker_config"]["vision_config"])
     with torch.device(device):
-        node = VisionEncoderNode(cfg).to(model_dtype(config, device))
+        node = VisionEncoderNode(cfg).to(dtype)
     if checkpoint_dir is not None:
-        load_safetensors(node.encoder, checkpoint_dir, "thinker.visual.")
+        load_weights(node.encoder, checkpoint_dir, **VISION_TOWER_KEYS)
     return node

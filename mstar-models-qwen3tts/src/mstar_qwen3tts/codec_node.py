@@ -76,9 +76,6 @@ class CodecNode(NodeSubmodule):
         self._compiled_decoder = torch.compile(self.decoder, dynamic=True, options={"cpp_wrapper": True})
         return 1
 
-    def get_autocast_dtype(self) -> torch.dtype:
-        return torch.float32
-
     def max_batch_size(self, graph_walk: str) -> int | None:
         # One forward decodes at most one fixed-size call's rows: on a worker thread beside
         # the talker (overlap_nodes), each forward's audio goes out as soon as it is done

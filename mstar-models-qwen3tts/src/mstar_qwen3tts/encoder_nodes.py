@@ -67,9 +67,6 @@ class _EncoderNode(NodeSubmodule):
         self.batch = batch
         self.calls = 0  # encoder calls so far (each of ``batch`` rows), for tests and benchmarks
 
-    def get_autocast_dtype(self) -> torch.dtype:
-        return torch.float32
-
     def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
         return True  # forward_batched groups the rows itself
 
@@ -147,21 +144,25 @@ def encoder_batch(config: dict[str, Any], device: str) -> int:
     return batch if batch is not None else (8 if torch.device(device).type == "cuda" else 1)
 
 
-def build_speaker_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> SpeakerEncoderNode:
+def build_speaker_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> SpeakerEncoderNode:
+    from mstar.weights import load_weights
+
+    from mstar_qwen3tts.checkpoint_keys import SPEAKER_ENCODER_KEYS
     from mstar_qwen3tts.config import Qwen3TTSConfig
-    from mstar_qwen3tts.weights import load_speaker_encoder
 
     encoder = SpeakerEncoder(Qwen3TTSConfig.from_dict(config).speaker_encoder)
     if checkpoint_dir is not None:
-        load_speaker_encoder(encoder, checkpoint_dir)
-    return SpeakerEncoderNode(encoder.eval(), encoder_batch(config, device)).to(device)
+        load_weights(encoder, checkpoint_dir, **SPEAKER_ENCODER_KEYS)
+    return SpeakerEncoderNode(encoder.eval(), encoder_batch(config, device)).to(device=device, dtype=dtype)
 
 
-def build_codec_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> CodecEncoderNode:
+def build_codec_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> CodecEncoderNode:
+    from mstar.weights import load_weights
+
+    from mstar_qwen3tts.checkpoint_keys import CODEC_DIR, CODEC_ENCODER_KEYS
     from mstar_qwen3tts.clone_loading import codec_encoder_from_config
-    from mstar_qwen3tts.weights import load_codec_encoder
 
     encoder = codec_encoder_from_config(config)
     if checkpoint_dir is not None:
-        load_codec_encoder(encoder, checkpoint_dir)
-    return CodecEncoderNode(encoder.eval(), encoder_batch(config, device)).to(device)
+        load_weights(encoder, Path(checkpoint_dir) / CODEC_DIR, **CODEC_ENCODER_KEYS)
+    return CodecEncoderNode(encoder.eval(), encoder_batch(config, device)).to(device=device, dtype=dtype)

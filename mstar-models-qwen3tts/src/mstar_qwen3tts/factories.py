@@ -13,18 +13,19 @@ def typed(config: dict[str, Any]) -> Qwen3TTSConfig:
     return Qwen3TTSConfig.from_dict(config)
 
 
-def build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
+    """``dtype``: core's choice (``--dtype``; default float32)."""
     import torch
+    from mstar.weights import load_weights
 
+    from mstar_qwen3tts.checkpoint_keys import talker_keys
     from mstar_qwen3tts.talker import Talker
-    from mstar_qwen3tts.weights import load_talker
 
     cfg = typed(config)
-    # Checkpoints are bf16; CPU runs float32 (bf16 matmuls there are slow and imprecise).
-    dtype = getattr(torch, cfg.torch_dtype) if torch.device(device).type == "cuda" else torch.float32
+    dtype = dtype or torch.float32
     talker = Talker(cfg, dtype)
     if checkpoint_dir is not None:
-        load_talker(talker, checkpoint_dir, base=cfg.tts_model_type == "base")
+        load_weights(talker, checkpoint_dir, **talker_keys(base=cfg.tts_model_type == "base"))
     return talker.to(device=device, dtype=dtype)
 
 
@@ -41,9 +42,12 @@ def codec_batches(configured: int | None, device: str) -> tuple[int, int]:
     return (8, 8) if torch.device(device).type == "cuda" else (4, 1)
 
 
-def build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
+    """Float32 whatever ``--dtype`` says (``float32_nodes``): audio quality, and it is small."""
+    from mstar.weights import load_weights
+
+    from mstar_qwen3tts.checkpoint_keys import CODEC_DIR, CODEC_KEYS
     from mstar_qwen3tts.codec_node import CodecNode
-    from mstar_qwen3tts.weights import load_codec
 
     cfg = typed(config)
     batch, first_batch = codec_batches(cfg.streaming.codec_batch, device)
@@ -51,5 +55,5 @@ def build_codec(config: dict[str, Any], checkpoint_dir: Path | None, device: str
         cfg.codec, stateful=cfg.streaming.stateful, batch=batch, left_context=cfg.streaming.left_context, first_batch=first_batch,
     )
     if checkpoint_dir is not None:
-        load_codec(node, checkpoint_dir)
-    return node.to(device)
+        load_weights(node, Path(checkpoint_dir) / CODEC_DIR, **CODEC_KEYS)
+    return node.to(device=device, dtype=dtype)

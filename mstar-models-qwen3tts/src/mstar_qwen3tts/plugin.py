@@ -174,6 +174,8 @@ def mstar_model_spec() -> ModelSpec:
         default_placement={"talker": "0", "codec": "0", SPEAKER_ENCODER: "0", CODEC_ENCODER: "0"},
         example_requests=_example_requests,
         engine_defaults={"overlap_nodes": True},  # the codec decodes beside the talker's next step
+        # Audio in and out in float32 whatever --dtype says: quality, and they are small.
+        float32_nodes=("codec", SPEAKER_ENCODER, CODEC_ENCODER),
     )
 
 

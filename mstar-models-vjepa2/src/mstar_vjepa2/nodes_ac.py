@@ -120,7 +120,7 @@ class ACPredictorNode(ARNodeSubmodule):
             raise ValueError("vjepa2ac: checkpoints conditioned on extrinsics are not served")
 
     def kv_cache_layout(self) -> KVCacheLayout:
-        return KVCacheLayout(self.cfg.depth, self.cfg.num_heads, self.cfg.head_dim, torch.float32)
+        return KVCacheLayout(self.cfg.depth, self.cfg.num_heads, self.cfg.head_dim)  # the node's dtype
 
     def max_model_len(self) -> int:
         return self.max_frames * self.cfg.tokens_per_frame
@@ -167,10 +167,10 @@ class ACPredictorNode(ARNodeSubmodule):
         return self.cfg.tokens_per_frame  # a chunk never ends inside a frame
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]) -> dict[str, Any]:
-        device = self.predictor.predictor_proj.weight.device
+        weight = self.predictor.predictor_proj.weight
         rows = torch.cat([i.input_embeds for i in inputs])  # type: ignore[attr-defined,misc]
         left = torch.tensor([i.kwargs.get("steps_left", 0) for i in inputs])
-        return {"rows": rows.to(device), "steps_left": left}
+        return {"rows": rows.to(device=weight.device, dtype=weight.dtype), "steps_left": left}
 
     def forward_batched(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, rows: torch.Tensor, steps_left: torch.Tensor) -> BatchedModelOutput:
         cfg, p = self.cfg, self.predictor
@@ -254,9 +254,10 @@ class PlannerNode(NodeSubmodule):
         return self.cfg.tokens_per_frame  # a chunk never ends inside a frame
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list[NodeInputs]) -> dict[str, Any]:
-        device = self.predictor.predictor_proj.weight.device
+        weight = self.predictor.predictor_proj.weight
         (row,) = inputs
-        return {"tensors": {k: v.to(device) for k, v in row.tensor_inputs.items()}, **row.kwargs}
+        return {"tensors": {k: v.to(device=weight.device, dtype=weight.dtype if v.is_floating_point() else v.dtype)
+                            for k, v in row.tensor_inputs.items()}, **row.kwargs}
 
     def forward_batched(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, tensors: dict[str, torch.Tensor],
                         objective: str, cem_params: CEMParams | None) -> BatchedModelOutput:

@@ -71,24 +71,24 @@ def mstar_model_spec() -> ModelSpec:
     )
 
 
-def _build_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def _build_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
     from mstar_vjepa2.checkpoint import load_component
     from mstar_vjepa2.nodes import EncoderNode
 
-    node = EncoderNode(from_hf_dict(config), TASKS)
+    node = EncoderNode(from_hf_dict(config), TASKS).to(dtype)  # then loaded tensor by tensor, cast as they come
     if checkpoint_dir is not None:
         load_component(node.encoder, checkpoint_dir, "encoder.")
-    return node.to(device).eval()
+    return node.to(device=device, dtype=dtype).eval()
 
 
-def _build_predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def _build_predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
     from mstar_vjepa2.checkpoint import load_component
     from mstar_vjepa2.nodes import PredictorNode
 
-    node = PredictorNode(from_hf_dict(config))
+    node = PredictorNode(from_hf_dict(config)).to(dtype)
     if checkpoint_dir is not None:
         load_component(node.predictor, checkpoint_dir, "predictor.")
-    return node.to(device).eval()
+    return node.to(device=device, dtype=dtype).eval()
 
 
 @hookimpl

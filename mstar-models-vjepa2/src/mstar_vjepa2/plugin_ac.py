@@ -116,30 +116,30 @@ def _predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str)
     return _PREDICTORS[key]
 
 
-def _build_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def _build_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
     from mstar_vjepa2.checkpoint_ac import encoder_config, load_encoder
     from mstar_vjepa2.nodes_ac import ACEncoderNode
 
-    node = ACEncoderNode(encoder_config(config), TASKS, config["max_frames"])
+    node = ACEncoderNode(encoder_config(config), TASKS, config["max_frames"]).to(dtype)
     if checkpoint_dir is not None:
         load_encoder(node.encoder, checkpoint_dir)
-    return node.to(device).eval()
+    return node.to(device=device, dtype=dtype).eval()
 
 
-def _build_ac_predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def _build_ac_predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
     from mstar_vjepa2.checkpoint_ac import ac_config
     from mstar_vjepa2.nodes_ac import ACPredictorNode
 
     node = ACPredictorNode(ac_config(config), config["max_frames"])
     node.predictor = _predictor(config, checkpoint_dir, device)
-    return node.to(device).eval()
+    return node.to(device=device, dtype=dtype).eval()
 
 
-def _build_planner(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
+def _build_planner(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
     from mstar_vjepa2.checkpoint_ac import ac_config
     from mstar_vjepa2.nodes_ac import PlannerNode
 
-    return PlannerNode(ac_config(config), _predictor(config, checkpoint_dir, device)).to(device).eval()
+    return PlannerNode(ac_config(config), _predictor(config, checkpoint_dir, device)).to(device=device, dtype=dtype).eval()
 
 
 @hookimpl

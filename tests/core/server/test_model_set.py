@@ -157,3 +157,21 @@ def test_the_example_models_file_is_valid() -> None:
     assert [(c.model, c.random_weights, c.served_model_names) for c in configs] == [
         ("toy", True, ["chat", "toy"]), ("orpheus", True, []), ("qwen3tts", True, [])]
     assert configs[0].sampling_defaults == {"temperature": 0.7, "max_tokens": 64} and configs[1].max_concurrency == 16
+
+
+def test_dtype_of_a_models_file_entry_and_of_the_command_line(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "models.yaml"
+    path.write_text("models:\n  - model: toy\n    dtype: bf16\n  - model: orpheus\n")
+    base = ServerConfig(model="", engine_options={"dtype": "float32"})
+    toy, orpheus = model_configs(base, load_models_file(path))
+    assert toy.engine_options["dtype"] == "bfloat16" and orpheus.engine_options["dtype"] == "float32"
+    path.write_text("models:\n  - model: toy\n    dtype: bf32\n")
+    with pytest.raises(ValueError, match=r"models\.0\.dtype.*unknown dtype 'bf32'"):
+        load_models_file(path)
+    import mstar.server.launcher as launcher
+
+    seen: list[ServerConfig] = []
+    monkeypatch.setattr(launcher, "run_server", lambda config, several=None: seen.append(config) or 0)
+    result = CliRunner().invoke(serve, ["toy", "--random-weights", "--dtype", "BF16", "--engine-option", "dtype=float16"])
+    assert result.exit_code == 0, result.output
+    assert seen[0].engine_options["dtype"] == "bf16"  # --dtype wins; core reads bf16 as bfloat16

@@ -43,21 +43,22 @@ def load_weights(module: nn.Module, checkpoint_dir: Path, prefix: str) -> None:
     load_safetensors(module, checkpoint_dir, prefix)
 
 
-def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> nn.Module:
-    """Node ``lm``'s factory: random init without a checkpoint."""
+def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Node ``lm``'s factory: random init without a checkpoint; ``dtype`` is core's choice
+    (``--dtype``)."""
     from mstar_toy.lm import ToyLM
 
-    lm = ToyLM(config)
+    lm = ToyLM(config).to(dtype)
     if checkpoint_dir is not None:
-        load_weights(lm, checkpoint_dir, "lm.")
+        load_weights(lm, checkpoint_dir, "lm.")  # cast to the parameters' dtype as it loads
     return lm.to(device)
 
 
-def build_decoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> nn.Module:
-    """Node ``decoder``'s factory."""
+def build_decoder(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Node ``decoder``'s factory (float32: the plugin lists it in ``float32_nodes``)."""
     from mstar_toy.decoder import ToyDecoder
 
-    dec = ToyDecoder(config)
+    dec = ToyDecoder(config).to(dtype)
     if checkpoint_dir is not None:
         load_weights(dec, checkpoint_dir, "decoder.")
     return dec.to(device)

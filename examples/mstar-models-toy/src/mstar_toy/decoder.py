@@ -29,9 +29,6 @@ class ToyDecoder(NodeSubmodule):
         self.conv = nn.Conv1d(c, c, self.kernel)
         self.out = nn.Linear(c, d["samples_per_token"])
 
-    def get_autocast_dtype(self) -> torch.dtype:
-        return torch.float32
-
     def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
         # Padding and batch size change the conv/matmul kernels' rounding; decoding each
         # chunk alone keeps a seeded request's audio byte-identical whatever else runs.

@@ -129,8 +129,9 @@ class ToyLM(ARNodeSubmodule):
 
     def hidden_states(self, input_ids: torch.Tensor, engine_inputs: ModelInputsFromEngine) -> torch.Tensor:
         assert engine_inputs.positions is not None
-        cos, sin = rope(engine_inputs.positions, self.head_dim, self.cfg["rope_theta"])
         x = self.embed(input_ids)
+        # Angles in float32, applied in the model's dtype (as HF's rotary embeddings do).
+        cos, sin = (t.to(x.dtype) for t in rope(engine_inputs.positions, self.head_dim, self.cfg["rope_theta"]))
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, engine_inputs.attention, i)
         return x

@@ -68,6 +68,7 @@ def mstar_model_spec() -> ModelSpec:
         write_tiny_checkpoint=lazy("mstar_toy.checkpoint:write_checkpoint"),
         default_placement={"lm": "0", "decoder": "0"},
         example_requests=_example_requests,
+        float32_nodes=("decoder",),  # audio out: no half precision
     )
 
 

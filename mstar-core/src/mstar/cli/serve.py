@@ -6,6 +6,8 @@ import json
 
 import click
 
+from mstar.model.precision import DTYPE_NAMES
+
 
 @click.command("serve")
 @click.argument("model_arg", metavar="[MODEL]", required=False)
@@ -28,6 +30,7 @@ import click
 @click.option("--engine-threads", default=None, type=click.IntRange(min=1), help="torch intra-op threads per engine process (default: torch's); with overlap_nodes its two threads get half each (EngineConfig.cpu_threads).")
 @click.option("--shm-threshold", default=None, type=int, hidden=True, help="Tensors of at least this many bytes go through shared memory.")
 @click.option("--device", default="cpu", show_default=True, help="Device of the default placement's groups.")
+@click.option("--dtype", default=None, type=click.Choice(sorted(DTYPE_NAMES), case_sensitive=False), help="Weights and activations: auto (default: the checkpoint's dtype on accelerators, float32 on CPU), bfloat16, float16 or float32, on any device. Nodes the plugin keeps in float32 (codecs) stay so.")
 @click.option("--restart-engines/--no-restart-engines", default=True, show_default=True, help="Restart a dead engine process (back-off 1 s doubling to 30 s).")
 @click.option("--max-engine-restarts", default=5, show_default=True, type=click.IntRange(min=0), help="Restarts per engine before it stays down.")
 @click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0), help="SIGTERM: seconds running requests may still finish before their streams are ended.")
@@ -40,7 +43,7 @@ import click
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | None, weights: str | None, revision: str | None, served_model_names: tuple[str, ...], random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
           max_concurrency: int, max_queue: int, request_timeout: float, max_body_bytes: int, preprocess_workers: int | None,
-          engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str,
+          engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str, dtype: str | None,
           restart_engines: bool, max_engine_restarts: int, shutdown_timeout: float, max_stream_buffer_bytes: int, log_level: str,
           placement_backend: str = "local", ray_address: str | None = None,
           voices_dir: str | None = None, voice_max_bytes: int = 10 << 20, voice_max_seconds: float = 30.0) -> None:
@@ -74,6 +77,8 @@ def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | N
         max_stream_buffer_bytes=max_stream_buffer_bytes,
         voices_dir=voices_dir, voice_max_bytes=voice_max_bytes, voice_max_seconds=voice_max_seconds,
     )
+    if dtype is not None:  # --dtype wins over --engine-option dtype=...
+        config.engine_options["dtype"] = dtype.lower()
     if preprocess_workers is not None:
         config.preprocess_workers = preprocess_workers
     if shm_threshold is not None:

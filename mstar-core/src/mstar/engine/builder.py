@@ -19,6 +19,7 @@ from mstar.engine.piecewise import PiecewiseRunner
 from mstar.graph import EngineKind, GraphSpec
 from mstar.kv import KVCacheManager
 from mstar.layers.packed_linear import pack_linears
+from mstar.model.precision import canonical_dtype, node_dtypes
 from mstar.model.spec import ModelConfig, ModelSpec, NodeSamplers
 from mstar.model.submodule_base import ARNodeSubmodule
 from mstar.sampling import MultiSampler
@@ -43,6 +44,9 @@ class EngineConfig:
     # overlap worker); None: the builder's torch.get_num_threads(), halved with overlap_nodes.
     cpu_threads: int | None = None
     attention_backend: str | None = None  # "torch" / "flashinfer"; None picks by device
+    # The nodes' dtype (mstar.model.precision): "auto" (the checkpoint's on accelerators, float32
+    # on CPU), "bfloat16", "float16" or "float32"; ModelSpec.float32_nodes always float32.
+    dtype: str = "auto"
     nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all
 
     def scheduler(self) -> SchedulerConfig:
@@ -114,9 +118,10 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
         warn_if_thread_dependent()
     placed = engine_config.nodes or tuple(graph.nodes)
     kv_nodes = [n for n in placed if graph.nodes[n].kind is EngineKind.KV_CACHE]
+    dtypes = node_dtypes(engine_config.dtype, config, device, placed, spec.float32_nodes)
     nodes: dict[str, LoadedNode] = {}
     for name in placed:
-        sub = factories[name](config, checkpoint_dir, str(device))
+        sub = build_node(name, factories[name], config, checkpoint_dir, device, dtypes[name], engine_config.dtype)
         sub.eval()
         if device.type == "cpu" and engine_config.cpu_packed_linears:
             log.debug("node %s: %d linear layers packed for oneDNN", name, pack_linears(sub))
@@ -133,7 +138,7 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
                 num_kv_heads=layout.num_kv_heads,
                 head_dim=layout.head_dim,
                 block_size=engine_config.block_size,
-                dtype=layout.dtype,
+                dtype=layout.dtype or dtypes[name],
                 device=device,
             )
             node.attention = create_backend(node.kv, engine_config.attention_backend)
@@ -150,6 +155,35 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
     threads = forward_threads(engine_config, device, len(nodes))
     core = EngineCore(graph, nodes, engine_config.scheduler(), mixed, forward_threads=threads)
     return BuiltModel(spec, config, graph, node_samplers, core)
+
+
+def build_node(name: str, factory: Any, config: ModelConfig, checkpoint_dir: Path, device: torch.device,
+               dtype: torch.dtype, requested: str) -> Any:
+    """Call the node's factory with its dtype. A factory written before factories took
+    ``dtype`` builds in a dtype of its own choosing; when the user asked for one explicitly,
+    its node is cast afterwards (costing a transient copy of the node)."""
+    if accepts_keyword(factory, "dtype"):
+        return factory(config, checkpoint_dir, str(device), dtype=dtype)
+    sub = factory(config, checkpoint_dir, str(device))
+    built = {p.dtype for p in sub.parameters() if p.is_floating_point()}
+    if canonical_dtype(requested) != "auto" and built - {dtype}:
+        log.warning("node %s: its factory takes no dtype argument; cast from %s to %s after building",
+                    name, sorted(map(str, built)), dtype)
+        sub = sub.to(dtype)
+    return sub
+
+
+def accepts_keyword(fn: Any, name: str) -> bool:
+    """Whether ``fn`` (or the function a ``mstar.model.spec.lazy`` wrapper stands for)
+    takes keyword ``name``."""
+    import inspect
+
+    target = fn.resolve() if callable(getattr(fn, "resolve", None)) else fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def forward_threads(config: EngineConfig, device: torch.device, num_nodes: int) -> int | None:

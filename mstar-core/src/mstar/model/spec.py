@@ -30,6 +30,8 @@ class ModelSpec:
     ``{"overlap_nodes": True}`` for an LM and its codec); options the user sets win.
     ``float32_nodes`` are nodes that must run in float32 whatever ``--dtype`` says (a codec
     whose output degrades in half precision); their factories get ``dtype=torch.float32``.
+    Names of nodes a checkpoint's graph does not have (e.g. encoders only some variants
+    hold) are ignored.
 
     ``name``, ``aliases`` and ``architectures`` are filled in at load time from the
     distribution's entry points (``mstar.models``, ``mstar.model_aliases``,

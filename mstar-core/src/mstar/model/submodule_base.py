@@ -253,11 +253,6 @@ class NodeSubmodule(nn.Module, ABC):
         is on; each region compiles on its first call of each new shape. Default: none."""
         return 0
 
-    def get_autocast_dtype(self) -> torch.dtype | None:
-        """This node's dtype when it differs from the model's (codecs: float32). Not read by
-        the engine yet: a node factory puts the node in its dtype."""
-        return None
-
     def cleanup_request(self, request_id: str) -> None:
         """Drop private per-request state; the engine calls it when a request leaves."""
 
@@ -267,7 +262,7 @@ class KVCacheLayout:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype | None = None  # None: the node's dtype (core's choice, --dtype)
 
 
 class ARNodeSubmodule(NodeSubmodule):

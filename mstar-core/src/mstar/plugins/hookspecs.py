@@ -39,8 +39,10 @@ def mstar_model_spec() -> Any:
 @hookspec(firstresult=True)
 def mstar_node_factories(config: dict) -> Any:
     """``{node name: NodeFactory}`` for every node of the graph. A factory is called as
-    ``factory(config, checkpoint_dir_or_None, device)`` and returns the node's
-    ``NodeSubmodule`` (random init when the directory is None).
+    ``factory(config, checkpoint_dir_or_None, device, dtype=dtype)`` and returns the node's
+    ``NodeSubmodule`` built in ``dtype`` (a ``torch.dtype`` core decided from ``--dtype``
+    and ``ModelSpec.float32_nodes``; random init when the directory is None). A factory
+    without a ``dtype`` parameter is called without it.
 
     Called in each engine process for the nodes placed there. Required.
     """

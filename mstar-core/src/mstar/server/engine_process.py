@@ -132,7 +132,9 @@ class EngineWorker:
         ckpt = Path(self.spec.checkpoint_dir)
         t0 = time.perf_counter()
         engine = Engine(build_core(loaded, ckpt, config), loaded, ckpt)
-        log.info("built nodes %s on %s in %.1fs", self.spec.nodes, self.spec.device, time.perf_counter() - t0)
+        dtypes = {name: sorted({str(p.dtype).removeprefix("torch.") for p in node.submodule.parameters()})
+                  for name, node in engine.core.nodes.items()}
+        log.info("built nodes %s on %s in %.1fs", dtypes, self.spec.device, time.perf_counter() - t0)
         return engine
 
     def _command_loop(self, commands: Any) -> int:

@@ -16,6 +16,7 @@ YAML (``--models-config``)::
         served_model_names: [tts, orpheus]
         placement: orpheus.yaml       # relative to this file
         max_concurrency: 16
+        dtype: bfloat16               # as --dtype (default: auto)
         engine_options: {kv_budget_bytes: 268435456}
         sampling: {temperature: 0.6, top_p: 0.9, max_tokens: 1200}   # this model's defaults
       - model: /ckpt/qwen3-tts
@@ -29,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mstar.model.precision import canonical_dtype
 from mstar.server.config import ServerConfig
 
 RANDOM = "random"  # ``NAME:random``: the plugin's tiny random checkpoint
@@ -52,11 +54,17 @@ class ModelEntry(BaseModel):
     preprocess_workers: int | None = Field(default=None, ge=0)
     engine_options: dict[str, Any] = Field(default_factory=dict)
     engine_threads: int | None = Field(default=None, ge=1)
+    dtype: str | None = None  # as --dtype; an engine_options dtype too
     restart_engines: bool | None = None
     max_engine_restarts: int | None = Field(default=None, ge=0)
     # Defaults of the model's sampling node (any SamplingParams field, and ``aux`` by label);
     # a request's own values win.
     sampling: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str | None) -> str | None:
+        return None if value is None else canonical_dtype(value)
 
     @field_validator("served_model_names", mode="before")
     @classmethod
@@ -117,7 +125,7 @@ def model_configs(base: ServerConfig, entries: list[ModelEntry]) -> list[ServerC
             "served_model_names": list(entry.served_model_names),
             "random_weights": entry.random_weights or (base.random_weights and entry.weights is None and entry.model in names),
             "placement": entry.placement,
-            "engine_options": {**base.engine_options, **entry.engine_options},
+            "engine_options": {**base.engine_options, **entry.engine_options, **({"dtype": entry.dtype} if entry.dtype else {})},
             "sampling_defaults": dict(entry.sampling),
         }
         for field, attr in (("device", "device"), ("max_concurrency", "max_concurrency"), ("max_queue", "max_queue"),

@@ -19,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from mstar.api.errors import ApiError
+from mstar.model.precision import canonical_dtype
 from mstar.server.admission import Admission
 from mstar.server.config import ServerConfig
 from mstar.server.engine_backend import make_backend
@@ -53,6 +54,8 @@ def _check_engine_options(options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ValueError(f"unknown engine option(s) {unknown}; known: {sorted(allowed)}")
+    if "dtype" in options:
+        canonical_dtype(options["dtype"])
 
 
 class ServerRuntime:
