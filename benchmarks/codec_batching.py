@@ -30,10 +30,11 @@ def _sync(device: torch.device) -> None:
 
 
 def qwen3tts(streams: int, chunks: int, device: torch.device) -> dict[str, float | bool]:
+    from mstar.weights import load_weights
+    from mstar_qwen3tts.checkpoint_keys import CODEC_DIR, CODEC_KEYS
     from mstar_qwen3tts.codec_node import CodecNode
     from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
     from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
-    from mstar_qwen3tts.weights import load_codec
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_checkpoint(Path(tmp), preset="mid")
@@ -41,7 +42,7 @@ def qwen3tts(streams: int, chunks: int, device: torch.device) -> dict[str, float
         nodes = {}
         for batch in (1, streams):
             node = CodecNode(cfg.codec, batch=batch)
-            load_codec(node, ckpt)
+            load_weights(node, ckpt / CODEC_DIR, **CODEC_KEYS)
             nodes[batch] = node.to(device).eval()
     q, v = cfg.codec.num_quantizers, cfg.codec.codebook_size
     g = torch.Generator().manual_seed(0)

@@ -171,6 +171,18 @@ def test_attention_backend_calls_are_documented(reference: str) -> None:
     assert set(BACKEND_NAMES) <= names
 
 
+def test_weight_loader_is_documented(reference: str) -> None:
+    import mstar.weights
+    from mstar.testing.sharding import shard_checkpoint
+
+    rows = table_rows(section(reference, "Weights (`mstar.weights`)"))
+    arguments = [p.name for p in inspect.signature(mstar.weights.load_weights).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    assert set(rows) == set(mstar.weights.__all__) | set(arguments) | {shard_checkpoint.__name__}
+    documented = re.match(r"\| `load_weights\(([^)]*)\)`", rows["load_weights"])
+    assert documented and [a.strip(" *") for a in documented.group(1).split(",") if a.strip(" *")] == [
+        *list(inspect.signature(mstar.weights.load_weights).parameters)]
+
+
 def quoted_blocks(doc: str) -> list[tuple[str, list[str]]]:
     """Code blocks whose first line is a comment naming a repository file: (path, other lines)."""
     out = []
@@ -206,3 +218,21 @@ def test_plugin_system_lists_the_load_steps_and_errors() -> None:
     classes = {n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.PluginError) and c is not errors.PluginError}
     missing = classes - ticked(section(doc, "Errors (`mstar.plugins.errors`)"))
     assert not missing, f"undocumented: {sorted(missing)}"
+
+
+def test_plugin_api_names_and_changelog_are_documented(reference: str) -> None:
+    from mstar.plugins import api_version, deprecations
+
+    names = ticked(section(reference, "Plugin API version"))
+    public = {
+        n for module in (api_version, deprecations) for n, v in vars(module).items()
+        if not n.startswith("_") and getattr(v, "__module__", module.__name__) == module.__name__
+        and not inspect.ismodule(v) and n not in {"annotations", "log", "T"}
+    }
+    assert not public - names, f"undocumented: {sorted(public - names)}"
+    system = SYSTEM.read_text()
+    changelog = section(system, "### Changelog of the plugin API").split("\n## ")[0]
+    assert f"**{api_version.PLUGIN_API_VERSION}**" in changelog, "no changelog entry for the current version"
+    for entry in deprecations.DEPRECATED:
+        assert f"{entry.owner}.{entry.name}" in changelog or f"{entry.owner}({entry.name}=" in changelog, entry
+    assert "PluginApiVersionError" in ticked(section(system, "Errors (`mstar.plugins.errors`)"))

@@ -20,15 +20,16 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def qwen_codec(tmp_path_factory: pytest.TempPathFactory):
+    from mstar.weights import load_weights
+    from mstar_qwen3tts.checkpoint_keys import CODEC_DIR, CODEC_KEYS
     from mstar_qwen3tts.codec_node import CodecNode
     from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
     from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
-    from mstar_qwen3tts.weights import load_codec
 
     ckpt = write_checkpoint(tmp_path_factory.mktemp("qwen3tts-mid"), preset="mid")
     cfg = Qwen3TTSConfig.from_dict(load_config(ckpt))
     node = CodecNode(cfg.codec, batch=BATCH)
-    load_codec(node, ckpt)
+    load_weights(node, ckpt / CODEC_DIR, **CODEC_KEYS)
     return node.cuda().eval()
 
 
@@ -60,13 +61,12 @@ def test_qwen3tts_chunk_bytes_do_not_depend_on_the_company(qwen_codec) -> None:
 def test_snac_window_bytes_do_not_depend_on_the_company(tmp_path: Path) -> None:
     from mstar_orpheus.checkpoint import write_checkpoint
     from mstar_orpheus.config import SNAC_DIR, load_config
-    from mstar_orpheus.snac_model import SnacDecoder
+    from mstar_orpheus.snac_model import load_snac_weights
     from mstar_orpheus.snac_node import SnacNode
-    from mstar_orpheus.weights import load_torch_bin
 
     ckpt = write_checkpoint(tmp_path)
     node = SnacNode(load_config(ckpt)["snac"], batch=BATCH)
-    load_torch_bin(node.snac, ckpt / SNAC_DIR / "pytorch_model.bin", ignore=SnacDecoder.UNUSED_KEYS)
+    load_snac_weights(node.snac, ckpt / SNAC_DIR)
     node = node.cuda().eval()
     g = torch.Generator().manual_seed(0)
     size = node.snac_cfg.codebook_size

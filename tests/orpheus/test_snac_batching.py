@@ -10,9 +10,8 @@ import pytest
 import torch
 from mstar_orpheus.checkpoint import write_checkpoint
 from mstar_orpheus.config import SNAC_DIR, load_config
-from mstar_orpheus.snac_model import SnacDecoder
+from mstar_orpheus.snac_model import load_snac_weights
 from mstar_orpheus.snac_node import SnacNode, codec_batch
-from mstar_orpheus.weights import load_torch_bin
 
 BATCH = 4
 
@@ -24,7 +23,7 @@ def batched_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _node(ckpt: Path, batch: int) -> SnacNode:
     node = SnacNode(load_config(ckpt)["snac"], batch=batch)
-    load_torch_bin(node.snac, ckpt / SNAC_DIR / "pytorch_model.bin", ignore=SnacDecoder.UNUSED_KEYS)
+    load_snac_weights(node.snac, ckpt / SNAC_DIR)
     return node.eval()
 
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 from mstar_orpheus.checkpoint import SNAC_24KHZ
 from mstar_orpheus.config import SNAC_DIR
-from mstar_orpheus.snac_model import SnacConfig, SnacDecoder
-from mstar_orpheus.weights import load_torch_bin
+from mstar_orpheus.snac_model import SnacConfig, SnacDecoder, load_snac_weights
 from snac import SNAC
 
 TOL = 1e-5
@@ -18,7 +17,7 @@ TOL = 1e-5
 
 def _ours(snac_dir: Path) -> SnacDecoder:
     dec = SnacDecoder(SnacConfig.from_dict(json.loads((snac_dir / "config.json").read_text()))).eval()
-    load_torch_bin(dec, snac_dir / "pytorch_model.bin", ignore=SnacDecoder.UNUSED_KEYS)
+    load_snac_weights(dec, snac_dir)
     return dec
 
 

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 from encoder_helpers import build_reference_towers, write_tower_checkpoint
-from mstar.layers import load_safetensors
+from mstar.weights import load_weights
 from mstar_qwen3omni.audio_encoder import AudioEncoder, AudioEncoderConfig, audio_output_lengths
+from mstar_qwen3omni.checkpoint_keys import AUDIO_TOWER_KEYS
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
     _get_feat_extract_output_lengths as hf_output_lengths,
 )
@@ -23,7 +24,7 @@ def towers(tmp_path_factory):
     root = write_tower_checkpoint(tmp_path_factory.mktemp("ckpt"), ref_audio, ref_vision)
     cfg = AudioEncoderConfig.from_dict(json.loads((root / "config.json").read_text())["thinker_config"]["audio_config"])
     ours = AudioEncoder(cfg).eval()
-    load_safetensors(ours, root, "thinker.audio_tower.")
+    load_weights(ours, root, **AUDIO_TOWER_KEYS)
     return ref_audio, ours
 
 
@@ -91,7 +92,7 @@ def test_missing_key_is_one_error_naming_it(towers, tmp_path):
     state = {f"thinker.audio_tower.{k}": v for k, v in ref.state_dict().items() if k != "ln_post.bias"}
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="ln_post.bias"):
-        load_safetensors(AudioEncoder(ours.cfg), tmp_path, "thinker.audio_tower.")
+        load_weights(AudioEncoder(ours.cfg), tmp_path, **AUDIO_TOWER_KEYS)
 
 
 @torch.no_grad()

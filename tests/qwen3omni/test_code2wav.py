@@ -11,11 +11,12 @@ from mstar.model.submodule_base import (
     ModelInputsFromEngine,
     PerRequestState,
 )
+from mstar.weights import load_weights
+from mstar_qwen3omni.checkpoint_keys import CODE2WAV_KEYS
 from mstar_qwen3omni.code2wav import Code2Wav
 from mstar_qwen3omni.code2wav_config import Code2WavConfig
 from mstar_qwen3omni.code2wav_node import AUDIO, CODE_CHUNK
 from mstar_qwen3omni.speech_loading import build_code2wav_node
-from mstar_qwen3omni.weights import load_component
 from speech_helpers import checkpoint_config, speech_model
 
 TOL = 1e-5
@@ -26,7 +27,7 @@ FRAMES = 23  # well past the 6-frame attention window and every convolution's re
 def models():
     ref, root = speech_model()
     ours = Code2Wav(Code2WavConfig.from_config(checkpoint_config(root))).eval()
-    load_component(ours, root, "code2wav.")
+    load_weights(ours, root, **CODE2WAV_KEYS)
     return ref.code2wav, ours
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mstar.layers import CheckpointMismatchError
 from mstar.model.submodule_base import CurrentForwardPassInfo
+from mstar.weights import CheckpointMismatchError
 from mstar_qwen3omni.dense_attention import DenseKVCache
 from mstar_qwen3omni.speech_loading import build_code2wav, build_talker
 from mstar_qwen3omni.talker import CODES, FRAME_EMBED, POSITIONS, PROMPT_EMBEDS, TEXT_EMBED

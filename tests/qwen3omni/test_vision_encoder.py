@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 from encoder_helpers import build_reference_towers, write_tower_checkpoint
-from mstar.layers import load_safetensors
+from mstar.weights import load_weights
+from mstar_qwen3omni.checkpoint_keys import VISION_TOWER_KEYS
 from mstar_qwen3omni.vision_encoder import VisionEncoder, VisionEncoderConfig, vision_token_counts
 
 TOL = 1e-4
@@ -25,7 +26,7 @@ def towers(tmp_path_factory):
     root = write_tower_checkpoint(tmp_path_factory.mktemp("ckpt"), ref_audio, ref_vision)
     cfg = VisionEncoderConfig.from_dict(json.loads((root / "config.json").read_text())["thinker_config"]["vision_config"])
     ours = VisionEncoder(cfg).eval()
-    load_safetensors(ours, root, "thinker.visual.")
+    load_weights(ours, root, **VISION_TOWER_KEYS)
     return ref_vision, ours
 
 

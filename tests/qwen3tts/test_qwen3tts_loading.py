@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from mstar import Engine
+from mstar.weights import CheckpointMismatchError, load_weights
+from mstar_qwen3tts.checkpoint_keys import CODEC_DIR, CODEC_KEYS, talker_keys
 from mstar_qwen3tts.codec_node import CodecNode
 from mstar_qwen3tts.config import ConfigError, Qwen3TTSConfig, load_config
 from mstar_qwen3tts.plugin import mstar_node_samplers
 from mstar_qwen3tts.talker import Talker
-from mstar_qwen3tts.weights import WeightsError, load_codec, load_talker
 from safetensors.torch import load_file, save_file
 
 
@@ -76,6 +77,14 @@ def test_missing_speech_tokenizer_config(ckpt: Path) -> None:
         load_config(ckpt)
 
 
+def load_talker(talker: Talker, ckpt: Path) -> None:
+    load_weights(talker, ckpt, **talker_keys(base=False))
+
+
+def load_codec(codec: CodecNode, ckpt: Path) -> None:
+    load_weights(codec, ckpt / CODEC_DIR, **CODEC_KEYS)
+
+
 def test_weights_load_strictly(ckpt: Path, tiny_cfg: Qwen3TTSConfig) -> None:
     talker, codec = Talker(tiny_cfg), CodecNode(tiny_cfg.codec)
     load_talker(talker, ckpt)
@@ -91,11 +100,12 @@ def test_weights_load_strictly(ckpt: Path, tiny_cfg: Qwen3TTSConfig) -> None:
         (lambda t: t.update({"talker.model.extra.weight": torch.zeros(1)}), "unexpected keys.*talker.model.extra"),
         (lambda t: t.update({"speaker_encoder.fc.weight": torch.zeros(1)}), "unexpected keys.*speaker_encoder"),
         (lambda t: t.update({"talker.codec_head.weight": torch.zeros(3, 3)}), "shape mismatches.*codec_head"),
+        (lambda t: t.update({"stray.weight": torch.zeros(1)}), r"unexpected keys \(1\): \['stray.weight'\]"),
     ],
 )
 def test_talker_weights_strict_errors(ckpt: Path, tiny_cfg: Qwen3TTSConfig, edit, match: str) -> None:
     _edit_weights(ckpt / "model.safetensors", edit)
-    with pytest.raises(WeightsError, match=match):
+    with pytest.raises(CheckpointMismatchError, match=match):
         load_talker(Talker(tiny_cfg), ckpt)
 
 
@@ -104,14 +114,14 @@ def test_codec_skips_the_encoder_but_nothing_else(ckpt: Path, tiny_cfg: Qwen3TTS
     _edit_weights(path, lambda t: t.update({"encoder.quantizer.input_proj.weight": torch.zeros(2)}))
     load_codec(CodecNode(tiny_cfg.codec), ckpt)  # the audio encoder (voice clone) is not served
     _edit_weights(path, lambda t: t.update({"quantizer.stray": torch.zeros(2)}))
-    with pytest.raises(WeightsError, match="unexpected keys.*quantizer.stray"):
+    with pytest.raises(CheckpointMismatchError, match="unexpected keys.*quantizer.stray"):
         load_codec(CodecNode(tiny_cfg.codec), ckpt)
     _edit_weights(path, lambda t: (t.pop("quantizer.stray"), t.pop("decoder.pre_conv.conv.bias")))
-    with pytest.raises(WeightsError, match="missing keys.*pre_conv"):
+    with pytest.raises(CheckpointMismatchError, match="missing keys.*pre_conv"):
         load_codec(CodecNode(tiny_cfg.codec), ckpt)
 
 
 def test_engine_refuses_a_broken_checkpoint(ckpt: Path) -> None:
     _edit_weights(ckpt / "model.safetensors", lambda t: t.pop("talker.codec_head.weight"))
-    with pytest.raises(WeightsError, match="codec_head"):
+    with pytest.raises(CheckpointMismatchError, match="codec_head"):
         Engine.from_model("qwen3tts", weights=ckpt)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from mstar.weights import load_weights
+from mstar_qwen3tts.checkpoint_keys import CODEC_DIR, CODEC_KEYS
 from mstar_qwen3tts.codec_node import CodecNode
 from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
 from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
@@ -72,9 +74,7 @@ def test_receptive_field_makes_any_chunk_exact(tmp_path: Path, preset: str) -> N
     exactly as the whole sequence does, at any offset (mid keeps the real upsampling)."""
     cfg = Qwen3TTSConfig.from_dict(load_config(write_checkpoint(tmp_path, preset=preset)))
     codec = CodecNode(cfg.codec)
-    from mstar_qwen3tts.weights import load_codec
-
-    load_codec(codec, tmp_path)
+    load_weights(codec, tmp_path / CODEC_DIR, **CODEC_KEYS)
     rf = cfg.codec.receptive_field_frames()
     n = rf + 12
     codes = torch.randint(0, cfg.codec.codebook_size, (n, cfg.codec.num_quantizers), generator=torch.Generator().manual_seed(0))

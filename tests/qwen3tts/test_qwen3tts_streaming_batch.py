@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from mstar.layers.streaming import StreamState
+from mstar.weights import load_weights
+from mstar_qwen3tts.checkpoint_keys import CODEC_DIR, CODEC_KEYS
 from mstar_qwen3tts.codec_node import CodecNode
 from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
 from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
-from mstar_qwen3tts.weights import load_codec
 from qwen3tts_helpers import sampling, speech_inputs
 
 BATCH = 4
@@ -25,7 +26,7 @@ def batched_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _codec(ckpt: Path, batch: int) -> CodecNode:
     cfg = Qwen3TTSConfig.from_dict(load_config(ckpt))
     node = CodecNode(cfg.codec, batch=batch)
-    load_codec(node, ckpt)
+    load_weights(node, ckpt / CODEC_DIR, **CODEC_KEYS)
     return node
 
 
@@ -99,7 +100,7 @@ def test_first_chunks_and_later_chunks_take_their_own_call_sizes(batched_ckpt) -
     ``batch`` rows, even at equal chunk lengths; every row equals its decode alone."""
     cfg = Qwen3TTSConfig.from_dict(load_config(batched_ckpt))
     node = CodecNode(cfg.codec, batch=BATCH, first_batch=1)
-    load_codec(node, batched_ckpt)
+    load_weights(node, batched_ckpt / CODEC_DIR, **CODEC_KEYS)
     calls: list[int] = []
     node.decoder.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[0]))
     g = torch.Generator().manual_seed(3)

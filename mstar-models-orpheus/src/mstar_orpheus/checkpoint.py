@@ -158,7 +158,7 @@ def _steer_towards_audio(
 
 
 def _save_safetensors(path: Path, state: dict[str, torch.Tensor], shards: int) -> None:
-    from mstar_orpheus.weights import INDEX_FILE, SINGLE_FILE
+    from mstar.weights import INDEX_FILE, SINGLE_FILE
 
     state = {k: v.contiguous() for k, v in state.items()}
     if shards <= 1:

@@ -1,7 +1,7 @@
 """The SNAC decoder (codes -> waveform): residual-VQ lookup plus the convolutional decoder.
 
 Module names mirror the ``hubertsiuzdak/snac_24khz`` checkpoint so its keys load directly
-(weight norm is folded into plain weights at load time). Only decoding is built: the
+(weight norm is folded into plain weights at load time, ``load_snac_weights``). Only decoding is built: the
 encoder and the quantizers' input projections are not needed to turn codes into audio.
 """
 
@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from mstar.layers.codec_blocks import snake as snake_activation
+from mstar.weights import WeightNormFolded, load_weights, torch_file
 from torch import nn
+
+SNAC_WEIGHTS = "pytorch_model.bin"
 
 NoiseFn = Callable[[int, int, int], torch.Tensor]
 """(block index, batch, length) -> noise of shape [batch, 1, length]."""
@@ -191,3 +195,10 @@ class SnacDecoder(nn.Module):
 
     def forward(self, codes: list[torch.Tensor], noise: NoiseFn | None = None) -> torch.Tensor:
         return self.decoder(self.quantizer(codes), noise)
+
+
+def load_snac_weights(decoder: SnacDecoder, snac_dir: Path) -> None:
+    """``snac_dir/pytorch_model.bin`` through core's strict loader: memory-mapped, each
+    weight-norm pair read as its plain weight, the encoder's keys ignored."""
+    source = WeightNormFolded(torch_file(Path(snac_dir) / SNAC_WEIGHTS))
+    load_weights(decoder, source, ignore=(SnacDecoder.UNUSED_KEYS,))

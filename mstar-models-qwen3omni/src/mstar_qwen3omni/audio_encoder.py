@@ -6,7 +6,7 @@ names equal the checkpoint's ``thinker.audio_tower.*`` keys.
 Interface (stateless, batched over any number of audios of different lengths; no per-chunk Python):
 
     cfg = AudioEncoderConfig.from_dict(config_json["thinker_config"]["audio_config"])
-    enc = AudioEncoder(cfg)                          # then mstar.layers.load_safetensors(enc, ckpt, "thinker.audio_tower.")
+    enc = AudioEncoder(cfg)                          # then mstar.weights.load_weights(enc, ckpt, **AUDIO_TOWER_KEYS)
     feats, lens = pack_features(input_features, feature_attention_mask)   # processor tensors
     tokens = enc(feats, lens, pad_groups=None)       # (sum(audio_output_lengths(lens)), output_dim)
     per_audio = tokens.split(audio_output_lengths(lens, cfg.n_window).tolist())

@@ -77,17 +77,18 @@ THINKER_EOS_TOKEN_ID = 151645
 FIRST_CHUNK, CHUNK = 4, 16
 
 
-# Media kinds each encoder tower takes, and where its weights live in the checkpoint.
+# Media kinds each encoder tower takes (checkpoint_keys.TOWER_PREFIXES: where its weights are).
 TOWER_KINDS = {"audio": ("audio",), "vision": ("image", "video")}
-TOWER_PREFIXES = {"audio": "thinker.audio_tower.", "vision": "thinker.visual."}
 ENCODERS = "mstar_encoders"  # config key set on load: the towers the checkpoint's weights hold
 
 
 def checkpoint_towers(checkpoint_dir: Path) -> list[str]:
     """The encoder towers whose weights the checkpoint holds."""
-    from mstar.layers.weights import safetensors_keys
+    from mstar.weights import SafetensorsSource
 
-    keys = safetensors_keys(checkpoint_dir)
+    from mstar_qwen3omni.checkpoint_keys import TOWER_PREFIXES
+
+    keys = SafetensorsSource(checkpoint_dir).weight_map
     return [t for t, prefix in TOWER_PREFIXES.items() if any(k.startswith(prefix) for k in keys)]
 
 

@@ -1,7 +1,7 @@
 """The Talker's MoE block: the Thinker's sparse experts (``moe.SparseMoeBlock``: top-k
 softmax routing, each expert run once over its tokens) plus a shared expert that every token
 passes through, scaled by a per-token sigmoid gate. Checkpoint keys: ``gate.weight``,
-``experts.{e}.{gate,up,down}_proj.weight`` (stacked on load, see ``text_model.checkpoint_views``),
+``experts.{e}.{gate,up,down}_proj.weight`` (stacked on load, see ``checkpoint_keys.EXPERTS``),
 ``shared_expert.{gate,up,down}_proj.weight``, ``shared_expert_gate.weight``."""
 
 from __future__ import annotations

@@ -87,19 +87,3 @@ class ThinkerLM(nn.Module):
         """Final norm and LM head (only over the rows that sample)."""
         h = self.model.norm(hidden)
         return vocab_logits(h, self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight)
-
-
-def checkpoint_views(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """The checkpoint keys filling one state-dict entry: the stacked expert tensors are
-    stored one module per expert (``experts.{e}.{gate,up,down}_proj.weight``)."""
-    if name.endswith(".mlp.gate_up"):
-        base, half = name.removesuffix("gate_up") + "experts.", tensor.shape[1] // 2
-        return [
-            view
-            for e in range(tensor.shape[0])
-            for view in ((f"{base}{e}.gate_proj.weight", tensor[e, :half]), (f"{base}{e}.up_proj.weight", tensor[e, half:]))
-        ]
-    if name.endswith(".mlp.down"):
-        base = name.removesuffix("down") + "experts."
-        return [(f"{base}{e}.down_proj.weight", tensor[e]) for e in range(tensor.shape[0])]
-    return [(name, tensor)]

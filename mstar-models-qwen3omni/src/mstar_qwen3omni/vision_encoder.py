@@ -9,7 +9,7 @@ Interface (stateless, batched over any number of images and videos of any grid; 
 Python in the math):
 
     cfg = VisionEncoderConfig.from_dict(config_json["thinker_config"]["vision_config"])
-    enc = VisionEncoder(cfg)                     # then mstar.layers.load_safetensors(enc, ckpt, "thinker.visual.")
+    enc = VisionEncoder(cfg)                     # then mstar.weights.load_weights(enc, ckpt, **VISION_TOWER_KEYS)
     out = enc(pixel_values, grid_thw)            # processor tensors, several requests concatenated
     out.embeds                                   # (sum(t*h*w) / merge^2, out_hidden_size)
     out.deepstack                                # one tensor of that shape per deepstack layer

@@ -1,17 +1,19 @@
-"""Loads a Base checkpoint's clone-prompt encoders, strictly: the speaker encoder
-(``speaker_encoder.*`` of ``model.safetensors``), the speech tokenizer's encoder (``encoder.*``
-of ``speech_tokenizer/model.safetensors``) and the text tokenizer."""
+"""Loads a Base checkpoint's clone-prompt encoders, strictly (core's ``load_weights``): the
+speaker encoder (``speaker_encoder.*`` of ``model.safetensors``), the speech tokenizer's
+encoder (``encoder.*`` of ``speech_tokenizer/model.safetensors``) and the text tokenizer."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from mstar.weights import load_weights
+
+from mstar_qwen3tts.checkpoint_keys import CODEC_DIR, CODEC_ENCODER_KEYS, SPEAKER_ENCODER_KEYS
 from mstar_qwen3tts.clone_prompt import CloneEncoder
 from mstar_qwen3tts.codec_encoder import CodecEncoder, EncoderConfig
 from mstar_qwen3tts.config import BASE, ConfigError, Qwen3TTSConfig, load_config
 from mstar_qwen3tts.speaker_encoder import SpeakerEncoder
-from mstar_qwen3tts.weights import load_codec_encoder, load_speaker_encoder
 
 
 def codec_encoder_rates(config: dict[str, Any]) -> tuple[int, int]:
@@ -29,7 +31,7 @@ def codec_encoder_rates(config: dict[str, Any]) -> tuple[int, int]:
 
 
 def codec_encoder_from_config(config: dict[str, Any]) -> CodecEncoder:
-    """The speech tokenizer's encoder, random weights (``load_codec_encoder`` fills them)."""
+    """The speech tokenizer's encoder, random weights (``CODEC_ENCODER_KEYS`` locate its own)."""
     _, downsample = codec_encoder_rates(config)
     groups = Qwen3TTSConfig.from_dict(config).talker.num_code_groups
     return CodecEncoder(EncoderConfig.from_dict(config["speech_tokenizer"]["encoder_config"]), groups, downsample)
@@ -50,10 +52,10 @@ def load_clone_encoder(checkpoint_dir: Path, device: str = "cpu") -> CloneEncode
     if cfg.tts_model_type != BASE:
         raise ConfigError(f"{checkpoint_dir}: voice cloning needs a Base checkpoint (tts_model_type {cfg.tts_model_type!r})")
     speaker = SpeakerEncoder(cfg.speaker_encoder)
-    load_speaker_encoder(speaker, checkpoint_dir)
+    load_weights(speaker, checkpoint_dir, **SPEAKER_ENCODER_KEYS)
     rate, _ = codec_encoder_rates(config)
     encoder = codec_encoder_from_config(config)
-    load_codec_encoder(encoder, checkpoint_dir)
+    load_weights(encoder, Path(checkpoint_dir) / CODEC_DIR, **CODEC_ENCODER_KEYS)
     tokenizer = load_tokenizer(checkpoint_dir)
     return CloneEncoder(speaker.to(device).eval(), lambda text: encode(tokenizer, text), cfg.talker.num_code_groups,
                         encoder.to(device).eval(), rate)

@@ -35,10 +35,10 @@ class DenseCausalAttention:
 
 
 def load_lm(ckpt: Path) -> ToyLM:
-    from mstar_toy.checkpoint import load_weights
+    from mstar.weights import load_weights
 
     lm = ToyLM(load_config(ckpt))
-    load_weights(lm, ckpt, "lm.")
+    load_weights(lm, ckpt, prefix="lm.")
     return lm.eval()
 
 

@@ -7,12 +7,10 @@ import math
 import pytest
 import torch
 from mstar.layers import (
-    CheckpointMismatchError,
     DecoderLayer,
     RMSNorm,
     RotaryEmbedding,
     head_dim_of,
-    load_safetensors,
     rope_parameters,
 )
 from torch import nn
@@ -92,44 +90,3 @@ def test_rope_parameters_read_old_and_new_config_forms() -> None:
     assert old == {"rope_theta": 7.0, "rope_type": "linear", "factor": 2.0}
     with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
         RotaryEmbedding(8, {"rope_type": "yarn", "factor": 2.0})
-
-
-def _save(model: nn.Module, path, **tensors: torch.Tensor) -> None:
-    from safetensors.torch import save_file
-
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    state.update(tensors)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(path / "model.safetensors"))
-
-
-class Tied(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(10, 4)
-        self.head = nn.Linear(4, 10, bias=False)
-        self.head.weight = self.embed.weight
-
-
-def test_load_safetensors_copies_under_prefix_and_accepts_tied(tmp_path) -> None:
-    src = Tied()
-    from safetensors.torch import save_file
-
-    save_file({"model.embed.weight": src.embed.weight.detach().clone(), "other.x": torch.zeros(1)},
-              str(tmp_path / "model.safetensors"))
-    dst = Tied()
-    load_safetensors(dst, tmp_path, prefix="model.")
-    torch.testing.assert_close(dst.head.weight, src.embed.weight, rtol=0, atol=0)
-
-
-def test_load_safetensors_is_strict(tmp_path) -> None:
-    cfg = dict(TINY, num_hidden_layers=1)
-    _save(Stack(cfg, False), tmp_path / "extra", **{"layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(4)})
-    with pytest.raises(CheckpointMismatchError, match=r"unexpected keys \['layers.0.self_attn.rotary_emb.inv_freq'\]"):
-        load_safetensors(Stack(cfg, False), tmp_path / "extra")
-    load_safetensors(Stack(cfg, False), tmp_path / "extra", ignore=[r"\.rotary_emb\.inv_freq$"])
-    with pytest.raises(CheckpointMismatchError, match=r"missing keys \['layers.0.self_attn.k_norm.weight', 'layers.0.self_attn.q_norm.weight'\]"):
-        load_safetensors(Stack(cfg, True), tmp_path / "extra", ignore=[r"inv_freq$"])
-    _save(Stack(dict(cfg, intermediate_size=40), False), tmp_path / "shape")
-    with pytest.raises(CheckpointMismatchError, match="shape mismatch for 3 tensor"):
-        load_safetensors(Stack(cfg, False), tmp_path / "shape")

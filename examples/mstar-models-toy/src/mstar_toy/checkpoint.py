@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mstar.layers import load_safetensors
+from mstar.weights import load_weights
 from safetensors.torch import save_file
 from torch import nn
 
@@ -38,11 +38,6 @@ def write_checkpoint(path: Path, seed: int = 0, **overrides: Any) -> Path:
     return path
 
 
-def load_weights(module: nn.Module, checkpoint_dir: Path, prefix: str) -> None:
-    """Strict (``mstar.layers.load_safetensors``): missing or unexpected keys raise one error."""
-    load_safetensors(module, checkpoint_dir, prefix)
-
-
 def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: torch.dtype = torch.float32) -> nn.Module:
     """Node ``lm``'s factory: random init without a checkpoint; ``dtype`` is core's choice
     (``--dtype``)."""
@@ -50,7 +45,9 @@ def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str, d
 
     lm = ToyLM(config).to(dtype)
     if checkpoint_dir is not None:
-        load_weights(lm, checkpoint_dir, "lm.")  # cast to the parameters' dtype as it loads
+        # Strict (one error lists missing, unexpected and mis-shaped keys); cast to the
+        # parameters' dtype as it loads.
+        load_weights(lm, checkpoint_dir, prefix="lm.")
     return lm.to(device)
 
 
@@ -60,5 +57,5 @@ def build_decoder(config: dict[str, Any], checkpoint_dir: Path | None, device: s
 
     dec = ToyDecoder(config).to(dtype)
     if checkpoint_dir is not None:
-        load_weights(dec, checkpoint_dir, "decoder.")
+        load_weights(dec, checkpoint_dir, prefix="decoder.")
     return dec.to(device)
