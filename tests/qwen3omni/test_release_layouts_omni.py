@@ -12,7 +12,8 @@ In each: the serve warm-up's own path (``load_adapter``, the adapter's warm-up r
 ``chat_inputs``, the engine) succeeds, and a text chat equals transformers'
 ``Qwen3OmniMoeForConditionalGeneration.generate`` greedy, token for token, stopping where it
 stops (the checkpoint's Thinker is steered to say ``<|im_end|>`` after a few tokens, and
-transformers stops there by its own default end id). On the ``release`` layout a spoken
+transformers stops there by its own default end id), and an image + audio chat gives the
+prompt and processor tensors of the written layout. On the ``release`` layout a spoken
 answer stops there too, with the same text, codec frames and audio as
 ``generate(return_audio=True)``. ``test_qwen3omni_server.py`` serves the ``release`` layout
 over HTTP."""
@@ -96,6 +97,28 @@ def test_warm_up_and_text_chat_equal_transformers(variant, written, reference_te
     assert out.error is None, out.error
     assert out.cat("tokens").tolist() == reference_text[:-1], name  # the end token is withheld
     assert out.finish_reason == "stop"
+
+
+def test_media_chat_is_the_written_layouts(variant, written) -> None:
+    """An image + audio chat gives the prompt ids and processor tensors it gives on the written
+    layout (which test_processing.py checks against transformers' processor): the image,
+    video and audio configs are read wherever the layout keeps them."""
+    import base64
+
+    from mstar.server.preprocess import load_adapter
+
+    name, root, _ = variant
+    fixtures = Path(__file__).parent / "fixtures" / "processor"
+    image = "data:image/png;base64," + base64.b64encode((fixtures / "a.png").read_bytes()).decode()
+    audio = base64.b64encode((fixtures / "tone.wav").read_bytes()).decode()
+    content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
+               {"type": "text", "text": "What is this?"}]
+    request = ChatCompletionRequest(model="qwen3omni", messages=[{"role": "user", "content": content}])
+    got = load_adapter("qwen3omni", root)[1].chat_inputs(request)
+    want = load_adapter("qwen3omni", written)[1].chat_inputs(request)
+    assert got.kwargs == want.kwargs and set(got.inputs) == set(want.inputs), name
+    for key, value in want.inputs.items():
+        assert torch.equal(got.inputs[key], value), (name, key)
 
 
 @pytest.mark.parametrize("variant", ["release"], indirect=True)
