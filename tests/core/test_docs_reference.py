@@ -218,3 +218,21 @@ def test_plugin_system_lists_the_load_steps_and_errors() -> None:
     classes = {n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.PluginError) and c is not errors.PluginError}
     missing = classes - ticked(section(doc, "Errors (`mstar.plugins.errors`)"))
     assert not missing, f"undocumented: {sorted(missing)}"
+
+
+def test_plugin_api_names_and_changelog_are_documented(reference: str) -> None:
+    from mstar.plugins import api_version, deprecations
+
+    names = ticked(section(reference, "Plugin API version"))
+    public = {
+        n for module in (api_version, deprecations) for n, v in vars(module).items()
+        if not n.startswith("_") and getattr(v, "__module__", module.__name__) == module.__name__
+        and not inspect.ismodule(v) and n not in {"annotations", "log", "T"}
+    }
+    assert not public - names, f"undocumented: {sorted(public - names)}"
+    system = SYSTEM.read_text()
+    changelog = section(system, "### Changelog of the plugin API").split("\n## ")[0]
+    assert f"**{api_version.PLUGIN_API_VERSION}**" in changelog, "no changelog entry for the current version"
+    for entry in deprecations.DEPRECATED:
+        assert f"{entry.owner}.{entry.name}" in changelog or f"{entry.owner}({entry.name}=" in changelog, entry
+    assert "PluginApiVersionError" in ticked(section(system, "Errors (`mstar.plugins.errors`)"))

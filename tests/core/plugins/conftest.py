@@ -36,6 +36,7 @@ SITES: dict[str, tuple[str, ...]] = {
     "policy": ("policy",),
     "dups": ("common", "dup_a", "dup_b"),
     "alias_clash": ("common", "good", "alias_clash"),
+    "api": ("common", "deprecated_arg", "future_api", "bad_api"),  # plugin API versions
 }
 
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]

@@ -16,6 +16,8 @@ GOOD = {
     "aliases": ["fixture-lm"],
     "architectures": ["FixtureLMForCausalLM"],
     "entry_point": "fixture_good.plugin",
+    "plugin_api": ["1.1"],
+    "api_problem": None,
 }
 
 
@@ -31,7 +33,7 @@ def test_models_table_shows_the_fixture_row(run_mstar):
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in proc.stdout.splitlines() if " fixturelm " in line)
     cells = [c.strip() for c in row.strip("│ ").split("│")]
-    assert cells == ["fixturelm", "mstar-fixture-good", "1.2.3", "fixture-lm", "FixtureLMForCausalLM"]
+    assert cells == ["fixturelm", "mstar-fixture-good", "1.2.3", "fixture-lm", "FixtureLMForCausalLM", "1.1"]
     # Listing reads metadata only: a plugin that fails on import is still listed.
     assert " brokenlm " in proc.stdout
 

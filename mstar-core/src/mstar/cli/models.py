@@ -16,7 +16,7 @@ def models(as_json: bool) -> None:
     """List installed model plugins (imports no plugin, no torch)."""
     found = installed_models()
     if as_json:
-        click.echo(json.dumps([m.as_dict() for m in found], indent=2))
+        click.echo(json.dumps([m.as_dict() | {"api_problem": m.api_problem} for m in found], indent=2))
         return
     if not found:
         click.echo("No model plugins are installed (install a distribution that declares a "
@@ -26,10 +26,11 @@ def models(as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("name", "distribution", "version", "aliases", "architectures")
+    table = Table("name", "distribution", "version", "aliases", "architectures", "plugin API")
     for m in found:
+        api = ", ".join(m.plugin_api) or "undeclared"
         table.add_row(m.name, m.distribution, m.version, ", ".join(m.aliases),
-                      ", ".join(m.architectures))
+                      ", ".join(m.architectures), api if m.api_problem is None else f"{api} (refused)")
     # Piped output must stay greppable: no wrapping at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=400)
     console.print(table)
@@ -37,3 +38,7 @@ def models(as_json: bool) -> None:
     if extra:
         names = ", ".join(f"{p.name} ({p.distribution} {p.version})" for p in extra)
         console.print(f"general plugins: {names}", highlight=False, soft_wrap=True)
+    # The line loading would fail with, once per distribution (a table cell is too narrow).
+    problems = dict.fromkeys(p.api_problem for p in (*found, *extra) if p.api_problem)
+    for problem in problems:
+        console.print(f"refused: {problem}", highlight=False, soft_wrap=True, markup=False)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mstar.plugins.deprecations import accepts_deprecated_arguments
+
 if TYPE_CHECKING:
     from mstar.graph import GraphSpec
     from mstar.model.submodule_base import NodeSubmodule
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
 ModelConfig = dict[str, Any]
 
 
+@accepts_deprecated_arguments  # retired arguments: mstar.plugins.deprecations
 @dataclass(frozen=True)
 class ModelSpec:
     """How to build a model (who it is comes from its entry points).
@@ -80,6 +83,7 @@ factory without the ``dtype`` keyword (written before it existed) still works: c
 its node when the user asked for a dtype explicitly."""
 
 
+@accepts_deprecated_arguments
 @dataclass(frozen=True)
 class NodeSamplers:
     """A KV node's sampling declaration: its main defaults and its auxiliary labels.
@@ -100,6 +104,7 @@ class NodeSamplers:
     withhold_on_stop: tuple[str, ...] | None = None
 
 
+@accepts_deprecated_arguments
 @dataclass(frozen=True)
 class MixedBatchConfig:
     """Walks of one node whose rows may share one forward, run under ``merged_walk``.
@@ -114,6 +119,7 @@ class MixedBatchConfig:
     max_rows: Mapping[str, int] = field(default_factory=dict)
 
 
+@accepts_deprecated_arguments
 @dataclass(frozen=True)
 class PiecewiseGraphConfig:
     """A labelled inner region of a node's forward, run through the piecewise runner

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from mstar.attention.backend import AttentionBackend
+from mstar.plugins.deprecations import deprecated, warn_overridden
 from mstar.sampling import BatchSampler, SamplingParams
 
 # A piecewise region bound to the step's sampler: called with the region's static inputs.
@@ -175,6 +176,13 @@ class BatchedModelOutput:
             out[rid] = row
         return out
 
+    def for_row(self, i: int, request_id: str) -> dict[str, torch.Tensor]:
+        """Deprecated since plugin API 1.1: ``by_request(request_ids)[request_id]``."""
+        deprecated("BatchedModelOutput", "for_row").use(stacklevel=2)
+        out = {k: v[i] for k, v in self.row_outputs.items()}
+        out.update(self.per_rid_outputs.get(request_id, {}))
+        return out
+
 
 class StopCheck(NamedTuple):
     """``check_stop``'s answer: loops to stop (``STOP_ALL`` ends the partition), outputs
@@ -252,6 +260,15 @@ class NodeSubmodule(nn.Module, ABC):
         dominates); return how many. Called once at load when ``EngineConfig.compile_regions``
         is on; each region compiles on its first call of each new shape. Default: none."""
         return 0
+
+    def get_autocast_dtype(self) -> torch.dtype | None:
+        """Deprecated since plugin API 1.1 (core never called it): ``ModelSpec.float32_nodes``."""
+        deprecated("NodeSubmodule", "get_autocast_dtype").use(stacklevel=2)
+        return None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        warn_overridden(cls, "NodeSubmodule")  # a plugin's node still defining a retired method
 
     def cleanup_request(self, request_id: str) -> None:
         """Drop private per-request state; the engine calls it when a request leaves."""

@@ -6,6 +6,8 @@ even when a plugin is broken. A model distribution declares
 - ``mstar.models``: ``<model name> = <plugin module or object>``
 - ``mstar.model_aliases``: ``<alias> = <model name>``
 - ``mstar.model_architectures``: ``<HF architecture> = <model name>``
+- ``mstar.plugin_api``: ``"<MAJOR.MINOR>" = <package>``, the plugin API version(s) it is
+  written against (``mstar.plugins.api_version``)
 
 and general plugins (site policies, backends) use ``mstar.plugins``.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mstar.hub import is_repo_id, repo_config
+from mstar.plugins.api_version import PLUGIN_API_GROUP, api_problem, require_supported
 from mstar.plugins.errors import (
     AmbiguousArchitectureError,
     DuplicateModelError,
@@ -47,11 +50,17 @@ class InstalledModel:
     aliases: tuple[str, ...]
     architectures: tuple[str, ...]
     entry_point: str  # "package.module" or "package.module:object"
+    plugin_api: tuple[str, ...] = ()  # the mstar.plugin_api versions declared (none: empty)
+
+    @property
+    def api_problem(self) -> str | None:
+        """Why this plugin cannot load on this core's plugin API (None: it can)."""
+        return api_problem(self.distribution, self.plugin_api)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["aliases"] = list(self.aliases)
-        d["architectures"] = list(self.architectures)
+        for key in ("aliases", "architectures", "plugin_api"):
+            d[key] = list(d[key])
         return d
 
 
@@ -63,6 +72,11 @@ class InstalledPlugin:
     distribution: str
     version: str
     entry_point: str
+    plugin_api: tuple[str, ...] = ()
+
+    @property
+    def api_problem(self) -> str | None:
+        return api_problem(self.distribution, self.plugin_api)
 
 
 def _normalized(dist_name: str) -> str:
@@ -107,9 +121,14 @@ def _models_of(dist: metadata.Distribution) -> list[InstalledModel]:
             aliases=tuple(sorted(extra[name]["aliases"])),
             architectures=tuple(sorted(extra[name]["architectures"])),
             entry_point=value,
+            plugin_api=_plugin_api_of(dist),
         )
         for name, value in models.items()
     ]
+
+
+def _plugin_api_of(dist: metadata.Distribution) -> tuple[str, ...]:
+    return tuple(sorted(ep.name for ep in dist.entry_points if ep.group == PLUGIN_API_GROUP))
 
 
 def _check_unique(models: list[InstalledModel]) -> None:
@@ -154,7 +173,7 @@ def installed_models() -> list[InstalledModel]:
 def general_plugins() -> list[InstalledPlugin]:
     """All installed general plugins (group ``mstar.plugins``), in a stable order."""
     found = [
-        InstalledPlugin(ep.name, dist.metadata["Name"], dist.version, ep.value.strip())
+        InstalledPlugin(ep.name, dist.metadata["Name"], dist.version, ep.value.strip(), _plugin_api_of(dist))
         for dist in _distributions()
         for ep in dist.entry_points
         if ep.group == GENERAL_PLUGINS_GROUP
@@ -165,7 +184,16 @@ def general_plugins() -> list[InstalledPlugin]:
 def resolve_model(target: str | Path, revision: str | None = None) -> InstalledModel:
     """The installed model named ``target``: a model name, an alias, a checkpoint
     directory, or a Hugging Face repo id (``org/name``; its ``config.json`` only is fetched,
-    at ``revision``), whose ``config.json`` lists an architecture a plugin serves."""
+    at ``revision``), whose ``config.json`` lists an architecture a plugin serves.
+
+    Raises ``PluginApiVersionError`` when that model's distribution is written for a plugin
+    API this core does not provide."""
+    model = _resolve(target, revision)
+    require_supported(model.distribution, model.plugin_api)
+    return model
+
+
+def _resolve(target: str | Path, revision: str | None) -> InstalledModel:
     models = installed_models()
     by_key = {m.name: m for m in models} | {a: m for m in models for a in m.aliases}
     if str(target) in by_key:

@@ -34,6 +34,10 @@ class PluginMetadataError(PluginError):
     """A distribution's entry-point metadata contradicts itself."""
 
 
+class PluginApiVersionError(PluginError):
+    """A plugin declares plugin API versions this core does not provide (or unreadable ones)."""
+
+
 class PluginImportError(PluginError):
     """A plugin module raised while being imported."""
 

@@ -19,6 +19,7 @@ import pluggy
 
 from mstar.model.spec import ModelSpec
 from mstar.plugins import hookspecs
+from mstar.plugins.api_version import require_supported
 from mstar.plugins.discovery import (
     ALIASES_GROUP,
     ARCHITECTURES_GROUP,
@@ -97,6 +98,9 @@ class ModelLoader:
     def __init__(self, installed: InstalledModel, general: list[InstalledPlugin] | None = None):
         self.installed = installed
         self.general = tuple(general_plugins() if general is None else general)
+        # Before any import: a plugin written for another plugin API may fail in odd ways.
+        for p in (installed, *self.general):
+            require_supported(p.distribution, p.plugin_api)
         self.pm = new_plugin_manager()
         self._steps: dict[str, Callable[[], None]] = {
             "plugin imports": self._import_plugins,
