@@ -13,8 +13,8 @@ def shard_checkpoint(path: Path, num_shards: int, file: str = "model.safetensors
     """Replace ``path / file`` by ``<stem>-0000i-of-0000N.safetensors`` and
     ``<file>.index.json`` beside it, in HF's format (``{"metadata": {"total_size"},
     "weight_map": {key: shard}}``), tensors in key order cut into ``num_shards`` runs of
-    about equal bytes. ``file`` may name a sub-directory's file
-    (``speech_tokenizer/model.safetensors``). Returns the shards' paths."""
+    about equal bytes. ``file`` may name a sub-directory's file (``codec/model.safetensors``).
+    Returns the shards' paths."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 

@@ -63,11 +63,13 @@ class _Resolved:
     pieces: list[Piece] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     wrong_shapes: list[str] = field(default_factory=list)
+    claimed: list[str] = field(default_factory=list)  # keys it would use: not unexpected
 
     def add(self, other: _Resolved) -> None:
         self.pieces += other.pieces
         self.missing += other.missing
         self.wrong_shapes += other.wrong_shapes
+        self.claimed += other.claimed
 
 
 def tied_groups(module: nn.Module, state: dict[str, torch.Tensor]) -> list[list[str]]:
@@ -92,7 +94,7 @@ def make_plan(
     """``own``: module-side name -> checkpoint key. Missing names are reported as
     ``prefix + module-side name``; unexpected keys and shape mismatches by checkpoint key."""
     resolver = _Resolver(state, own, shape_of, prefix, packed, stacked)
-    plan = Plan()
+    plan, claimed = Plan(), set()
     for names in groups:
         tries = [resolver.resolve(name, state[name]) for name in names]
         found = [r for r in tries if not r.missing]
@@ -103,7 +105,8 @@ def make_plan(
         for r in found:
             plan.pieces += r.pieces
             plan.wrong_shapes += r.wrong_shapes
-    used = {p.key for p in plan.pieces}
+            claimed.update(r.claimed)
+    used = {p.key for p in plan.pieces} | claimed
     plan.unexpected = sorted(set(own.values()) - used)
     plan.wrong_shapes += _uncovered(plan.pieces, shape_of)
     return plan
@@ -157,8 +160,8 @@ class _Resolver:
         """The module's fused tensor from the checkpoint's parts, each into its slice."""
         names = [_replace(comps, rule.fused, p) for p in rule.parts]
         absent = [self.prefix + n for n in names if n not in self.own]
-        if absent:
-            return _Resolved(missing=absent)
+        if absent:  # the parts that are there are not unexpected
+            return _Resolved(missing=absent, claimed=[self.own[n] for n in names if n in self.own])
         keys = [self.own[n] for n in names]
         shapes = [self.shape_of(k) for k in keys]
         fused = tuple(target.shape)
@@ -181,7 +184,7 @@ class _Resolver:
         siblings = [_replace(comps, rule.parts[j], p) for p in rule.parts]
         absent = [s for s in siblings if s not in self.state]
         if absent:
-            return _Resolved(wrong_shapes=[f"{key}: the module has only some of its parts (no {absent})"])
+            return _Resolved(wrong_shapes=[f"{key}: the module has only some of its parts (no {absent})"], claimed=[key])
         offset = sum(self.state[s].shape[rule.dim] for s in siblings[:j])
         size = target.shape[rule.dim]
         index = (slice(None),) * rule.dim + (slice(offset, offset + size),)
