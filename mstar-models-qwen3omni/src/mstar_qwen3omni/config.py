@@ -4,7 +4,9 @@ Layout (``--weights DIR``)::
 
     DIR/config.json          Qwen3OmniMoeForConditionalGeneration config (thinker_config.{text,audio,vision}_config)
     DIR/model.safetensors    or model-*.safetensors + model.safetensors.index.json; keys thinker.* (talker.*, code2wav.*)
-    DIR/tokenizer.json, tokenizer_config.json, chat_template (jinja or in tokenizer_config), preprocessor_config.json
+    DIR/tokenizer.json or vocab.json + merges.txt, tokenizer_config.json; the chat template in chat_template.json,
+        chat_template.jinja or tokenizer_config.json (mstar.text.chat_template); preprocessor_config.json or
+        processor_config.json (mstar.processor_config); generation_config.json (optional)
 """
 
 from __future__ import annotations
