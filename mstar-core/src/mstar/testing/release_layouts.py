@@ -2,8 +2,9 @@
 
 Tiny checkpoint writers always produce the same files (``tokenizer.json``, a template where
 the writer puts it, ``generation_config.json`` with end ids, one preprocessing config...),
-while releases differ: Qwen3-Omni ships its template only in ``chat_template.json`` and its
-tokenizer as ``vocab.json`` + ``merges.txt``, its ``generation_config.json`` names no end id;
+while releases differ: a multimodal release may ship its template only in
+``chat_template.json``, its tokenizer as ``vocab.json`` + ``merges.txt`` and a
+``generation_config.json`` that names no end id;
 files saved by transformers 5 keep the template in ``chat_template.jinja`` and the
 preprocessing configs nested in ``processor_config.json``; older configs say ``torch_dtype``
 where newer say ``dtype``. Each transform here turns a written checkpoint into one such
@@ -72,7 +73,7 @@ def template_in_chat_template_jinja(root: Path) -> None:
 
 
 def template_in_chat_template_json(root: Path) -> None:
-    """The template only in ``chat_template.json`` (the processor's legacy file; Qwen3-Omni)."""
+    """The template only in ``chat_template.json`` (the processor's legacy file)."""
     _write(root / PROCESSOR_TEMPLATE_FILE, {"chat_template": _take_template(root)})
 
 
@@ -92,8 +93,8 @@ def without_chat_template(root: Path) -> None:
 def slow_tokenizer_files(root: Path) -> None:
     """``tokenizer.json`` (a BPE) replaced by ``vocab.json`` + ``merges.txt``, its added tokens
     moved into ``tokenizer_config.json``'s ``added_tokens_decoder``: the files of
-    transformers 4's slow tokenizers, which Qwen releases ship without a ``tokenizer.json``.
-    ``tokenizer_config.json`` must name a class that builds from them (e.g. Qwen2Tokenizer)."""
+    transformers 4's slow tokenizers, which some releases ship without a ``tokenizer.json``.
+    ``tokenizer_config.json`` must name a class that builds from them (a BPE tokenizer class)."""
     spec = _read(root / "tokenizer.json")
     model = spec["model"]
     if model.get("type") != "BPE":
@@ -118,7 +119,7 @@ def without_generation_config(root: Path) -> None:
 
 
 def generation_config_without_eos(root: Path) -> None:
-    """``generation_config.json`` naming no end id (Qwen3-Omni's release)."""
+    """``generation_config.json`` naming no end id (the model's ``generate`` supplies its own)."""
     path = root / GENERATION_CONFIG
     config = _read(path) if path.is_file() else {}
     config.pop("eos_token_id", None)

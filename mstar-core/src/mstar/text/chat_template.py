@@ -8,7 +8,7 @@ them (``tokenization_utils_base.from_pretrained`` and ``processing_utils.from_pr
 - a processor: ``processor_config.json``'s ``chat_template``, else ``chat_template.json``
   (the legacy processor file), else ``chat_template.jinja`` (plus ``additional_chat_templates/``).
 
-Releases ship one of these (Qwen3-Omni: only ``chat_template.json``; files saved by
+Releases ship one of these (a multimodal release: only ``chat_template.json``; files saved by
 transformers 5: only ``chat_template.jinja``; older text LLMs: only ``tokenizer_config.json``),
 so every text path must look in all of them. ``find_chat_template`` does, in the order of the
 class the model's reference implementation uses (``prefer``), then in the other class's order

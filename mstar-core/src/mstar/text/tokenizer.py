@@ -9,7 +9,7 @@ from typing import Any
 from mstar.text.chat_template import Preference, find_chat_template
 
 # Any of these is a tokenizer ``AutoTokenizer`` can build: ``tokenizer.json``, or the files
-# of a BPE (``vocab.json`` + ``merges.txt``, as Qwen releases ship) or SentencePiece model,
+# of a BPE (``vocab.json`` + ``merges.txt``, as some releases ship them) or SentencePiece model,
 # with ``tokenizer_config.json`` naming the class and the added tokens.
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer_config.json")
 
