@@ -353,7 +353,7 @@ def _talker_samplers(config: dict[str, Any]) -> dict[str, NodeSamplers]:
             main=SamplingParams(**SAMPLING_DEFAULTS),
             aux={AUX_LABEL: SamplingParams(**AUX_SAMPLING_DEFAULTS)},
             aux_vocab_sizes={AUX_LABEL: cfg.predictor.vocab_size},
-            stop_token_ids=(cfg.codec_eos_id,),
+            stop_token_ids=(cfg.codec_eos_id,),  # generate(return_audio=True): the Talker's eos_token_id
             withhold_on_stop=(CODES,),
         )
     }

@@ -216,6 +216,7 @@ def mstar_node_samplers(config: dict) -> dict[str, NodeSamplers]:
             main=main,
             aux={AUX_LABEL: aux},
             aux_vocab_sizes={AUX_LABEL: cfg.talker.predictor.vocab_size},  # type: ignore[union-attr]
+            # qwen-tts's generate: eos_token_id defaults to talker_config.codec_eos_token_id (no text end ids).
             stop_token_ids=(cfg.talker.codec_eos_token_id,),
             withhold_on_stop=("codes", "next_embed"),
         )
