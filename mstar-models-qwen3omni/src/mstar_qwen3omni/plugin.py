@@ -70,7 +70,7 @@ TALKER_PROMPT, THINKER_EMBED = "talker_prompt", "thinker_embed"
 PROMPT_ROWS, TEXT_EMBED, TEXT_ENDED = "talker_prompt_rows", "thinker_text_embed", "thinker_text_ended"
 CODES, FRAME_EMBED, CODE_CHUNK, AUDIO = "codes", "frame_embed", "code_chunk", "audio"
 # transformers' ``Qwen3OmniMoeForConditionalGeneration.generate(thinker_eos_token_id=151645)``:
-# the Thinker's end id (``<|im_end|>`` in the released vocabulary) when the checkpoint names none.
+# the Thinker's end id (``<|im_end|>`` in the released vocabulary), whatever the checkpoint names.
 THINKER_EOS_TOKEN_ID = 151645
 # Code2Wav chunks (frames): a short first one so audio starts early, then longer ones. The
 # node carries its own past, so the chunks need no left context and join to the whole decode.
@@ -235,8 +235,9 @@ def text_view(config: dict[str, Any]) -> dict[str, Any]:
     from mstar.text.lm import END_IDS, end_token_ids
 
     view = {**config["thinker_config"]["text_config"], GENERATION_CONFIG: config.get(GENERATION_CONFIG) or {}}
-    # The released generation_config.json names no end id: transformers' generate passes its own.
-    return {**view, END_IDS: list(end_token_ids(view, reference_end_ids=THINKER_EOS_TOKEN_ID))}
+    # transformers' generate passes its thinker_eos_token_id to the Thinker's generate, which
+    # wins over generation_config.json (the release's names none anyway).
+    return {**view, END_IDS: list(end_token_ids(view, reference_end_ids=THINKER_EOS_TOKEN_ID, reference_passes_them=True))}
 
 
 def _load_config(checkpoint_dir: Path) -> dict[str, Any]:

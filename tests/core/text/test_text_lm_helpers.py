@@ -58,6 +58,11 @@ def test_end_ids_fall_back_to_the_reference_default_then_config_then_tokenizer(t
     # a reference default wholly outside the vocabulary: the reference never stops, nor do we
     assert load_text_config(tmp_path, reference_end_ids=9999)[END_IDS] == []
     assert load_text_config(tmp_path)[END_IDS] == [381]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 380}))
+    assert load_text_config(tmp_path, reference_end_ids=382)[END_IDS] == [380]
+    # a reference that passes its ids to generate: they win over the file, as a generate kwarg does
+    assert end_token_ids(load_text_config(tmp_path), reference_end_ids=382, reference_passes_them=True) == (382,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 384}))
     want = AutoTokenizer.from_pretrained(tmp_path).eos_token_id
     assert load_text_config(tmp_path)[END_IDS] == [want] == [tok.convert_tokens_to_ids("<|im_end|>")]

@@ -87,6 +87,7 @@ def end_token_ids(
     config: Mapping[str, Any],
     checkpoint_dir: str | Path | None = None,
     reference_end_ids: int | Sequence[int] | None = None,
+    reference_passes_them: bool = False,
 ) -> tuple[int, ...]:
     """The ids generation ends on, from the first source that names any:
 
@@ -97,8 +98,11 @@ def end_token_ids(
     3. ``config.json``'s ``eos_token_id``: HF's generation config made from the model config;
     4. the tokenizer's ``eos_token`` (what vLLM adds to every request's stop ids).
 
-    Ids outside ``config["vocab_size"]`` are dropped: they can never be sampled."""
+    ``reference_passes_them``: the reference's ``generate`` passes ``reference_end_ids`` to the
+    underlying generate as an argument, which wins over ``generation_config.json``; they come
+    first then. Ids outside ``config["vocab_size"]`` are dropped: they can never be sampled."""
     sources = (
+        lambda: _ids(reference_end_ids) if reference_passes_them else [],
         lambda: _ids((config.get(GENERATION_CONFIG) or {}).get("eos_token_id")),
         lambda: _ids(reference_end_ids),
         lambda: _ids(config.get("eos_token_id")),
