@@ -37,7 +37,8 @@ from mstar import Engine
 from mstar.attention.torch_backend import TorchAttentionBackend
 from mstar.layers.packed_linear import pack_linears
 from mstar.model.submodule_base import ModelInputsFromEngine
-from mstar_toy.checkpoint import load_weights, write_checkpoint
+from mstar.weights import load_weights
+from mstar_toy.checkpoint import write_checkpoint
 from mstar_toy.config import load_config
 from mstar_toy.decoder import ToyDecoder
 from mstar_toy.lm import ToyLM
@@ -191,10 +192,10 @@ def main() -> None:
             num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
         )
         lm = ToyLM(load_config(ckpt))
-        load_weights(lm, ckpt, "lm.")
+        load_weights(lm, ckpt, prefix="lm.")
         lm.eval()
         decoder = ToyDecoder(load_config(ckpt))
-        load_weights(decoder, ckpt, "decoder.")
+        load_weights(decoder, ckpt, prefix="decoder.")
         decoder.eval()
         if not args.unpacked:  # what the engine does to its nodes' modules on CPU
             pack_linears(lm)
