@@ -9,7 +9,10 @@ from mstar import Engine
 from mstar.plugins.loading import load_model
 from mstar.testing.precision import parameter_dtypes, relative_error
 
-OUTPUT_TOLERANCE = 2e-2  # README, "Precision": relative L2 of every latent / prediction
+OUTPUT_TOLERANCE = 2e-2  # README, "Precision": relative L2 of every latent / prediction / cost
+# CEM's plan: candidates drawn and refined in the planner's dtype, so another dtype searches
+# other candidates (its costs are compared; the chosen actions are not).
+NOT_COMPARED = {"plan_actions"}
 
 
 @pytest.mark.parametrize("model", ["vjepa2", "vjepa2ac"])
@@ -25,7 +28,7 @@ def test_bfloat16_serves_every_walk_within_the_stated_tolerance(model, tmp_path)
             assert want.error is None and got.error is None, (want.error, got.error)
             for signal in want.signals:
                 expected, actual = want.cat(signal), got.cat(signal)
-                if expected.is_floating_point():
+                if expected.is_floating_point() and signal not in NOT_COMPARED:
                     assert actual.shape == expected.shape
                     assert relative_error(actual, expected) < OUTPUT_TOLERANCE, signal
                     compared += 1

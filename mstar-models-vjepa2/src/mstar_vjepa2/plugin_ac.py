@@ -95,21 +95,21 @@ def mstar_model_spec() -> ModelSpec:
     )
 
 
-_PREDICTORS: dict[tuple[str, str], Any] = {}
+_PREDICTORS: dict[tuple[str, str, str], Any] = {}
 
 
-def _predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str) -> Any:
-    """One predictor module per (checkpoint, device), shared by the rollout and planner
-    nodes so the weights are held once."""
+def _predictor(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
+    """One predictor module per (checkpoint, device, dtype), shared by the rollout and
+    planner nodes so the weights are held once (engines of another dtype get their own)."""
     from mstar_vjepa2.ac_predictor import ACPredictor
     from mstar_vjepa2.checkpoint_ac import ac_config, load_predictor
 
-    key = (str(checkpoint_dir), str(device))
+    key = (str(checkpoint_dir), str(device), str(dtype))
     if checkpoint_dir is None or key not in _PREDICTORS:
-        pred = ACPredictor(ac_config(config))
+        pred = ACPredictor(ac_config(config)).to(dtype)
         if checkpoint_dir is not None:
             load_predictor(pred, checkpoint_dir)
-        pred = pred.to(device).eval()
+        pred = pred.to(device=device, dtype=dtype).eval()
         if checkpoint_dir is None:
             return pred
         _PREDICTORS[key] = pred
@@ -131,7 +131,7 @@ def _build_ac_predictor(config: dict[str, Any], checkpoint_dir: Path | None, dev
     from mstar_vjepa2.nodes_ac import ACPredictorNode
 
     node = ACPredictorNode(ac_config(config), config["max_frames"])
-    node.predictor = _predictor(config, checkpoint_dir, device)
+    node.predictor = _predictor(config, checkpoint_dir, device, dtype)
     return node.to(device=device, dtype=dtype).eval()
 
 
@@ -139,7 +139,7 @@ def _build_planner(config: dict[str, Any], checkpoint_dir: Path | None, device: 
     from mstar_vjepa2.checkpoint_ac import ac_config
     from mstar_vjepa2.nodes_ac import PlannerNode
 
-    return PlannerNode(ac_config(config), _predictor(config, checkpoint_dir, device)).to(device=device, dtype=dtype).eval()
+    return PlannerNode(ac_config(config), _predictor(config, checkpoint_dir, device, dtype)).to(device=device, dtype=dtype).eval()
 
 
 @hookimpl
