@@ -106,6 +106,15 @@ DEPRECATED: tuple[Deprecated, ...] = (
         instead="use outputs.by_request(request_ids)[request_id]",
     ),
     Deprecated(
+        "mstar.layers", "load_safetensors", since="1.1", kind="method",
+        instead="use mstar.weights.load_weights(module, checkpoint_dir, prefix=..., ignore=...) "
+        "(the one loader: shards, renames, fused/split projections, cast on load)",
+    ),
+    Deprecated(
+        "mstar.layers", "safetensors_keys", since="1.1", kind="method",
+        instead="use mstar.weights.SafetensorsSource(checkpoint_dir).weight_map",
+    ),
+    Deprecated(
         "NodeSubmodule", "get_autocast_dtype", since="1.1", kind="method",
         instead="core never called it; it builds each node in the dtype it passes to the node's "
         "factory (dtype=), and a node that must stay float32 is listed in ModelSpec.float32_nodes",
