@@ -35,6 +35,7 @@ from mstar.model.precision import DTYPE_NAMES
 @click.option("--max-engine-restarts", default=5, show_default=True, type=click.IntRange(min=0), help="Restarts per engine before it stays down.")
 @click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0), help="SIGTERM: seconds running requests may still finish before their streams are ended.")
 @click.option("--max-stream-buffer-bytes", default=64 << 20, show_default=True, type=click.IntRange(min=1), help="Output waiting for a client that does not read, per request; beyond it the request is aborted.")
+@click.option("--max-stream-buffer-total-bytes", default=256 << 20, show_default=True, type=click.IntRange(min=1), help="Output waiting for clients that do not read, over all requests together; beyond it the request with the most waiting is aborted.")
 @click.option("--voices-dir", default=None, envvar="MSTAR_VOICES_DIR", type=click.Path(file_okay=False), help="Where saved voices (POST /v1/audio/voices) are kept (env MSTAR_VOICES_DIR). Default: mstar/voices in the user cache directory.")
 @click.option("--voice-max-bytes", default=10 << 20, show_default=True, type=click.IntRange(min=1), help="A saved voice's reference clip: larger files get 413.")
 @click.option("--voice-max-seconds", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="A saved voice's reference clip: longer clips get 400.")
@@ -45,6 +46,7 @@ def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | N
           max_concurrency: int, max_queue: int, request_timeout: float, max_body_bytes: int, preprocess_workers: int | None,
           engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str, dtype: str | None,
           restart_engines: bool, max_engine_restarts: int, shutdown_timeout: float, max_stream_buffer_bytes: int, log_level: str,
+          max_stream_buffer_total_bytes: int = 256 << 20,
           placement_backend: str = "local", ray_address: str | None = None,
           voices_dir: str | None = None, voice_max_bytes: int = 10 << 20, voice_max_seconds: float = 30.0) -> None:
     """Serve MODEL over HTTP with an OpenAI-compatible API.
@@ -75,6 +77,7 @@ def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | N
         max_body_bytes=max_body_bytes, log_level=log_level, device=device, engine_options=_parse_options(engine_options), engine_threads=engine_threads,
         restart_engines=restart_engines, max_engine_restarts=max_engine_restarts, shutdown_timeout_s=shutdown_timeout,
         max_stream_buffer_bytes=max_stream_buffer_bytes,
+        max_stream_buffer_total_bytes=max_stream_buffer_total_bytes,
         voices_dir=voices_dir, voice_max_bytes=voice_max_bytes, voice_max_seconds=voice_max_seconds,
     )
     if dtype is not None:  # --dtype wins over --engine-option dtype=...

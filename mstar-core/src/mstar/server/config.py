@@ -35,6 +35,7 @@ class ServerConfig:
     max_engine_restarts: int = 5  # per engine, over the server's life; then it stays down
     shutdown_timeout_s: float = 30.0  # SIGTERM: how long running requests may still finish
     max_stream_buffer_bytes: int = 64 << 20  # output waiting for a slow reader, per request
+    max_stream_buffer_total_bytes: int = 256 << 20  # the same over all requests; beyond: the slowest reader is aborted
     sampling_defaults: dict[str, Any] = field(default_factory=dict)  # the sampling node's defaults (a --models-config entry's sampling)
     placement_backend: str = "local"  # engines as local processes, or "ray": Ray actors
     ray_address: str | None = None  # the Ray cluster to join (None: Ray's default)

@@ -125,6 +125,7 @@ class Execution:
         if self._stream is not None:
             if not self._stream.done:
                 self.rt.router.abort(self.request_id)
+            self._stream.release()  # output nobody will read: out of the server's total now
             self.rt.metrics.finished.labels(self.finish_reason or "abort").inc()
         self._release_admission()
 

@@ -92,13 +92,24 @@ def engine_failure(error: str | None, error_type: str | None) -> Finished:
     return Finished("error", message, status, code)
 
 
+class BufferTotal:
+    """Output bytes queued and not yet taken, over every request of a router."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class RequestStream:
     """One request's outputs: ``(signal, tensor)`` items, then one ``Finished``.
-    ``buffered`` counts the tensor bytes queued and not yet taken by the response."""
+    ``buffered`` counts the tensor bytes queued and not yet taken by the response (and
+    ``total``, when given, the same bytes summed over requests)."""
 
-    __slots__ = ("request_id", "queue", "pending", "routes", "reason", "done", "buffered", "on_finish")
+    __slots__ = ("request_id", "queue", "pending", "routes", "reason", "done", "buffered", "on_finish", "total")
 
-    def __init__(self, request_id: str, engines: set[str], routes: dict[str, str] | None = None) -> None:
+    def __init__(self, request_id: str, engines: set[str], routes: dict[str, str] | None = None,
+                 total: BufferTotal | None = None) -> None:
         self.request_id = request_id
         self.queue: asyncio.Queue[tuple[str, torch.Tensor] | Finished] = asyncio.Queue()
         self.pending = set(engines)
@@ -108,18 +119,38 @@ class RequestStream:
         self.done = False
         self.buffered = 0
         self.on_finish: Callable[[], None] | None = None  # called once, when it ends
+        self.total = total if total is not None else BufferTotal()
 
     def put(self, signal: str, value: torch.Tensor) -> None:
         self.buffered += value.nbytes
+        self.total.bytes += value.nbytes
         self.queue.put_nowait((signal, value))
+
+    def _taken(self) -> None:
+        self.total.bytes -= self.buffered
+        self.buffered = 0
+
+    def drop_queued(self) -> None:
+        """Free what is queued (nobody will read it); the ``Finished`` item too."""
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self._taken()
+
+    def release(self) -> None:
+        """Free the queued output of a response that ends (its ``Finished`` stays queued)."""
+        items = []
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        for item in items:
+            if isinstance(item, Finished):
+                self.queue.put_nowait(item)
+        self._taken()
 
     def finish(self, fin: Finished, drop_queued: bool = False) -> None:
         if not self.done:
             self.done = True
             if drop_queued:  # nobody will read them: free them now
-                while not self.queue.empty():
-                    self.queue.get_nowait()
-                self.buffered = 0
+                self.drop_queued()
             self.queue.put_nowait(fin)
             if self.on_finish is not None:
                 self.on_finish()
@@ -129,7 +160,7 @@ class RequestStream:
         items = [await self.queue.get()]
         while not self.queue.empty():
             items.append(self.queue.get_nowait())
-        self.buffered = 0
+        self._taken()
         return items
 
 
@@ -140,6 +171,7 @@ class Router:
         stream_routes: dict[str, str],
         codec: TensorCodec,
         max_buffer_bytes: int | None = None,
+        max_total_buffer_bytes: int | None = None,
         engines_for: Callable[[dict[str, Any]], set[str]] | None = None,
         replicas: dict[str, tuple[str, ...]] | None = None,
         policy: Policy | None = None,
@@ -159,6 +191,10 @@ class Router:
         # Output bytes a request may have waiting for a client that does not read; beyond
         # it the request is aborted (its cache freed) instead of growing memory without end.
         self.max_buffer_bytes = max_buffer_bytes
+        # The same over all requests together: beyond it the request with the most output
+        # waiting (the slowest reader) is aborted, whichever request's output came last.
+        self.max_total_buffer_bytes = max_total_buffer_bytes
+        self.buffered = BufferTotal()
 
     def submit(
         self,
@@ -179,7 +215,7 @@ class Router:
         down = [e for e in targets if not e.serving]
         if down:
             raise ApiError(503, f"engine {down[0].name!r} {down[0].unavailable_reason()}; retry later", code="engine_unavailable")
-        stream = RequestStream(request_id, set(routes.values()), routes)
+        stream = RequestStream(request_id, set(routes.values()), routes, self.buffered)
         self.streams[request_id] = stream
         for engine in targets:
             # Encoded per engine: a shared-memory segment is consumed by its one receiver.
@@ -244,6 +280,8 @@ class Router:
                 stream.put(ev.signal, self.codec.decode(ev.value))
                 if self.max_buffer_bytes is not None and stream.buffered > self.max_buffer_bytes:
                     self._slow_reader(stream)
+                elif self.max_total_buffer_bytes is not None and self.buffered.bytes > self.max_total_buffer_bytes:
+                    self._slowest_reader()
 
     def _forward(self, stream: RequestStream, ev: Event) -> None:
         group = self.stream_routes.get(ev.signal or "")
@@ -283,6 +321,23 @@ class Router:
         message = f"the client did not read its response: more than {self.max_buffer_bytes} bytes of output waited; the request was aborted"
         stream.finish(Finished("error", message, 408, "output_buffer_full"), drop_queued=True)
         self.abort(stream.request_id)
+
+    def _slowest_reader(self) -> None:
+        """Over the total cap: abort the running request with the most output waiting until
+        the total is back under it."""
+        cap = self.max_total_buffer_bytes
+        assert cap is not None
+        while self.buffered.bytes > cap:
+            waiting = [s for s in self.streams.values() if s.buffered > 0]
+            if not waiting:
+                return  # what is left waits in finished requests, freed as they are read or closed
+            stream = max(waiting, key=lambda s: s.buffered)
+            log.warning("request %s: output waiting for all clients is over the total cap of %d bytes; aborting the slowest "
+                        "reader (%d bytes waiting)", stream.request_id, cap, stream.buffered)
+            message = (f"the client did not read its response fast enough: output waiting for all clients went over the "
+                       f"server's total of {cap} bytes, and this request had the most ({stream.buffered} bytes); it was aborted")
+            stream.finish(Finished("error", message, 408, "output_buffer_full"), drop_queued=True)
+            self.abort(stream.request_id)
 
     def engine_down(self, name: str, reason: str) -> None:
         """Fail, promptly, every request the engine held."""

@@ -94,7 +94,7 @@ class ServerRuntime:
         self.actx = zmq.asyncio.Context()
         self.engines: dict[str, EngineHandle] = {}
         self.router = Router(
-            self.engines, self.placement.stream_routes(self.graph), self.codec, config.max_stream_buffer_bytes,
+            self.engines, self.placement.stream_routes(self.graph), self.codec, config.max_stream_buffer_bytes, config.max_stream_buffer_total_bytes,
             engines_for=request_engines(self.graph, self.placement),
             replicas=self.placement.group_engines(), policy=hook_policy(self.loaded.hook, self.spec.name),
         )
