@@ -20,7 +20,10 @@ Speech out, for checkpoints with a Talker (``talker_config.speaker_id`` lists it
 
 Remote media URLs are refused unless their host is listed in the environment variable
 ``MSTAR_ALLOWED_MEDIA_DOMAINS`` (comma-separated; a leading dot allows subdomains as
-``media.py`` defines). ``use_audio_in_video`` (or vLLM's
+``media.py`` defines). Each request's media is bounded in total (``media.MediaLimits``):
+``MSTAR_MAX_MEDIA_PIXELS`` decoded pixels over its images and sampled video frames (default
+40,000,000), ``MSTAR_MAX_MEDIA_AUDIO_SECONDS`` of audio (600) and ``MSTAR_MAX_MEDIA_PARTS``
+media parts (32). ``use_audio_in_video`` (or vLLM's
 ``mm_processor_kwargs.use_audio_in_video``) interleaves a video's audio track.
 """
 
@@ -57,9 +60,24 @@ def speaker_names(config: Mapping[str, Any]) -> list[str]:
     return sorted(names, key=lambda n: n.lower() != DEFAULT_VOICE)
 
 
+# Per-request media limits (``media.MediaLimits``), each overridable by its environment variable.
+LIMIT_ENVS = {
+    "max_request_pixels": ("MSTAR_MAX_MEDIA_PIXELS", int),
+    "max_request_audio_seconds": ("MSTAR_MAX_MEDIA_AUDIO_SECONDS", float),
+    "max_media_parts": ("MSTAR_MAX_MEDIA_PARTS", int),
+}
+
+
 def limits_from_env() -> MediaLimits:
     domains = tuple(d.strip() for d in os.environ.get(ALLOWED_DOMAINS_ENV, "").split(",") if d.strip())
-    return MediaLimits(allowed_domains=domains)
+    overrides: dict[str, Any] = {}
+    for name, (env, kind) in LIMIT_ENVS.items():
+        if os.environ.get(env, "").strip():
+            try:
+                overrides[name] = kind(os.environ[env])
+            except ValueError:
+                raise ValueError(f"{env}={os.environ[env]!r} is not a number") from None
+    return MediaLimits(allowed_domains=domains, **overrides)
 
 
 class OmniChatAdapter(TextLMAdapter):

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .media import MediaLimits, decode_audio, decode_image, decode_video, fetch_bytes
+from .media import MediaBudget, MediaLimits, decode_audio, decode_image, decode_video, fetch_bytes
 from .media_video import VideoFrameProcessor
 
 # OpenAI / vLLM content parts, and the native ones ({"type": "image", "image": url-or-base64}).
@@ -119,6 +119,7 @@ class Preprocessor:
         audio: list[Any] = []
         audio_from_video: list[int | None] = []  # per audio slot: None, or the video it came from
         templated: list[dict[str, Any]] = []
+        budget = MediaBudget(self.limits)  # this request's parts, pixels and audio seconds
         for m, message in enumerate(messages):
             content = message.get("content")
             if not isinstance(content, list):
@@ -134,11 +135,12 @@ class Preprocessor:
                 if kind not in MEDIA_PARTS:
                     raise ValueError(f"{name}: unsupported content part type")
                 modality = MEDIA_PARTS[kind]
+                budget.add_part(name)
                 data, fmt = self._source(part, kind, name)
                 if modality == "image":
-                    images.append(decode_image(data, self.limits, name))
+                    images.append(decode_image(data, self.limits, name, budget))
                 elif modality == "audio":
-                    audio.append(decode_audio(data, self.limits, name, self.audio_rate, fmt))
+                    audio.append(decode_audio(data, self.limits, name, self.audio_rate, fmt, budget))
                     audio_from_video.append(None)
                 else:
                     video = decode_video(
@@ -148,6 +150,7 @@ class Preprocessor:
                         fps=self.video_fps,
                         temporal_patch_size=self.hf.video_processor.temporal_patch_size,
                         audio_rate=self.audio_rate if use_audio_in_video else None,
+                        budget=budget,
                     )
                     videos.append(video.frames)
                     if video.audio is not None and video.audio.size:

@@ -28,7 +28,6 @@ server's preprocess pool computes it and the engine's encoder nodes do the rest)
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,18 +83,18 @@ class ClonePrompt:
 
 def read_audio(data: bytes, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
     """Encoded audio (anything libsndfile reads: wav, flac, ogg, ...) → (float32 mono, rate).
-    Channels are averaged as qwen-tts does."""
-    import soundfile as sf
+    Channels are averaged as qwen-tts does. The length (``max_seconds``) and the sample rate
+    are checked from the header before decoding, and the length again while decoding in
+    blocks (``mstar.api.audio_input``): a small file never decodes to more than that."""
+    from mstar.api.audio_input import AudioInputError, read_mono
 
     try:
-        wave, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as exc:  # soundfile raises several types for undecodable data
-        raise CloneError(f"ref_audio is not readable audio ({exc})", "ref_audio") from None
+        wave, rate = read_mono(data, float("inf") if max_seconds is None else max_seconds)
+    except AudioInputError as exc:
+        raise CloneError(f"ref_audio: {exc}", "ref_audio") from None
     if wave.shape[0] == 0:
         raise CloneError("ref_audio holds no samples", "ref_audio")
-    if max_seconds is not None and wave.shape[0] > max_seconds * rate:
-        raise CloneError(f"ref_audio is {wave.shape[0] / rate:.1f} s long; the limit is {max_seconds:g} s", "ref_audio")
-    return wave.mean(axis=1).astype(np.float32), int(rate)
+    return wave, rate
 
 
 def resample(wave: np.ndarray, rate: int, target: int) -> np.ndarray:

@@ -30,6 +30,7 @@ from mstar_vjepa2.video import (
     VideoPreprocessing,
     decode_images,
     decode_video,
+    max_pixels_from_env,
     preprocess,
     sample_indices,
 )
@@ -61,14 +62,14 @@ class _VideoAdapter(ApiAdapter):
         try:
             if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
                 try:
-                    frames = decode_images([base64.b64decode(v, validate=True) for v in value])
+                    frames = decode_images([base64.b64decode(v, validate=True) for v in value], max_pixels_from_env())
                 except binascii.Error:
                     raise ValueError("a list of images must hold base64 strings") from None
             else:
                 t = tensor_from_json(value, name)
                 if t.dtype == torch.uint8 and t.dim() == 1:
                     cap = DECODE_CAP if num_frames is not None else self.max_frames
-                    frames = decode_video(t.numpy().tobytes(), cap)
+                    frames = decode_video(t.numpy().tobytes(), cap, num_frames, max_pixels_from_env())
                 elif t.dtype == torch.uint8 and t.dim() == 4:
                     frames = t
                 elif torch.is_floating_point(t) and t.dim() == 4:

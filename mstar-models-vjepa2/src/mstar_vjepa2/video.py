@@ -87,38 +87,107 @@ def sample_indices(total: int, num_frames: int | None) -> np.ndarray:
     return np.arange(num_frames, dtype=int) * total // num_frames
 
 
-def decode_video(data: bytes, max_frames: int) -> torch.Tensor:
+MAX_PIXELS_ENV = "MSTAR_MAX_MEDIA_PIXELS"
+DEFAULT_MAX_PIXELS = 40_000_000  # decoded pixels per request: frames kept (or images) x height x width
+
+
+def max_pixels_from_env() -> int:
+    """``$MSTAR_MAX_MEDIA_PIXELS``, else ``DEFAULT_MAX_PIXELS``."""
+    import os
+
+    raw = os.environ.get(MAX_PIXELS_ENV, "").strip()
+    try:
+        return int(raw) if raw else DEFAULT_MAX_PIXELS
+    except ValueError:
+        raise ValueError(f"{MAX_PIXELS_ENV}={raw!r} is not a whole number") from None
+
+
+def _check_pixels(frames: int, height: int, width: int, max_pixels: int, what: str) -> None:
+    if frames * height * width > max_pixels:
+        raise ValueError(f"{what}: {frames} frames of {width}x{height} would decode {frames * height * width} pixels, over "
+                         f"the limit of {max_pixels} decoded pixels per request ({MAX_PIXELS_ENV})")
+
+
+def decode_video(data: bytes, max_frames: int, num_frames: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
     """An encoded video file (any container/codec FFmpeg reads: mp4, webm, gif, ...) →
-    uint8 RGB frames [T, H, W, 3]. More than ``max_frames`` decoded frames is an error."""
+    uint8 RGB frames [T, H, W, 3]: all of them, or the ``num_frames`` that ``sample_indices``
+    picks. More than ``max_frames`` frames in the file is an error, and so is keeping more
+    than ``max_pixels`` pixels: checked from the frame count and size the container declares
+    before decoding, and frame by frame while decoding. With ``num_frames``, a first pass counts
+    the frames (each dropped as it is decoded) and the second keeps only the sampled ones."""
     import av
 
-    frames = []
     try:
         with av.open(io.BytesIO(data)) as box:
             if not box.streams.video:
                 raise ValueError("video: the file has no video stream")
-            for frame in box.decode(video=0):
-                if len(frames) == max_frames:
+            stream = box.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            declared = int(stream.frames or 0)
+            if declared > max_frames:
+                raise ValueError(f"video: more than {max_frames} frames; send fewer or set num_frames")
+            if num_frames is None:
+                keep = None
+                if declared:
+                    _check_pixels(declared, height, width, max_pixels, "video")
+            else:
+                total = 0
+                for _ in box.decode(video=0):
+                    total += 1
+                    if total > max_frames:
+                        raise ValueError(f"video: more than {max_frames} frames; send fewer or set num_frames")
+                keep = set(sample_indices(total, num_frames).tolist()) if total else set()
+                _check_pixels(len(keep), height, width, max_pixels, "video")
+                box.seek(0)
+            frames: list[np.ndarray] = []
+            pixels = 0
+            for i, frame in enumerate(box.decode(video=0)):
+                if keep is None and i == max_frames:
                     raise ValueError(f"video: more than {max_frames} frames; send fewer or set num_frames")
+                if keep is not None and i not in keep:
+                    continue
+                pixels += frame.width * frame.height
+                if pixels > max_pixels:
+                    raise ValueError(f"video: its frames would decode more than {max_pixels} pixels, over the limit of "
+                                     f"decoded pixels per request ({MAX_PIXELS_ENV})")
                 frames.append(frame.to_ndarray(format="rgb24"))
     except av.error.FFmpegError as exc:
         raise ValueError(f"video: cannot decode the file ({exc})") from None
     if not frames:
         raise ValueError("video: the file holds no frame")
+    if keep is not None and len(frames) != len(keep):
+        raise ValueError("video: the file decoded differently on a second pass")
     return torch.from_numpy(np.stack(frames))
 
 
-def decode_images(files: list[bytes]) -> torch.Tensor:
-    """A list of image files (PNG, JPEG, ...) → uint8 RGB frames [T, H, W, 3] (same size)."""
+def decode_images(files: list[bytes], max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
+    """A list of image files (PNG, JPEG, ...) → uint8 RGB frames [T, H, W, 3] (same size).
+    Sizes are read from the headers and checked against ``max_pixels`` (over all images)
+    before any is decoded."""
     from PIL import Image, UnidentifiedImageError
 
-    out = []
-    for i, data in enumerate(files):
-        try:
-            with Image.open(io.BytesIO(data)) as img:
+    opened = []
+    pixels = 0
+    try:
+        for i, data in enumerate(files):
+            try:
+                img = Image.open(io.BytesIO(data))  # lazy: the header only
+            except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+                raise ValueError(f"images[{i}]: cannot decode ({exc})") from None
+            opened.append(img)
+            pixels += img.width * img.height
+            if pixels > max_pixels:
+                raise ValueError(f"images[{i}]: the images would decode more than {max_pixels} pixels, over the limit of "
+                                 f"decoded pixels per request ({MAX_PIXELS_ENV})")
+        out = []
+        for i, img in enumerate(opened):
+            try:
                 out.append(np.asarray(img.convert("RGB")))
-        except (UnidentifiedImageError, OSError) as exc:
-            raise ValueError(f"images[{i}]: cannot decode ({exc})") from None
+            except (OSError, Image.DecompressionBombError) as exc:
+                raise ValueError(f"images[{i}]: cannot decode ({exc})") from None
+    finally:
+        for img in opened:
+            img.close()
     if not out or any(o.shape != out[0].shape for o in out):
         raise ValueError("images: give one or more images of one size")
     return torch.from_numpy(np.stack(out))

@@ -8,7 +8,6 @@ own sample rate: resampling to what the model needs is the adapter's job.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,26 +42,18 @@ class VoiceUpload:
     options: dict[str, Any] = field(default_factory=dict)
 
     def decode(self) -> VoiceSample:
-        """Errors are 400s naming the ``audio`` field: unreadable bytes, an empty clip or
-        one longer than ``max_seconds`` (checked from the header, before decoding)."""
-        import soundfile as sf
+        """Errors are 400s naming the ``audio`` field: unreadable bytes, an empty clip, one
+        longer than ``max_seconds`` or sampled above ``MAX_SOURCE_RATE`` (both checked from
+        the header, before decoding; the length again while decoding, in blocks)."""
+        from mstar.api.audio_input import AudioInputError, read_mono
 
         try:
-            info = sf.info(io.BytesIO(self.data))
-            if info.frames > 0 and info.frames / info.samplerate > self.max_seconds:
-                raise ApiError(
-                    400, f"audio: the clip lasts {info.frames / info.samplerate:.1f}s; at most {self.max_seconds:g}s is accepted",
-                    param="audio", code="audio_too_long",
-                )
-            samples, rate = sf.read(io.BytesIO(self.data), dtype="float32", always_2d=True)
-        except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-            raise ApiError(400, f"audio: not a readable audio file (WAV, FLAC, OGG or MP3): {exc}", param="audio", code="invalid_audio") from None
+            samples, rate = read_mono(self.data, self.max_seconds)
+        except AudioInputError as exc:
+            raise ApiError(400, f"audio: {exc}", param="audio", code=exc.code) from None
         if samples.shape[0] == 0:
             raise ApiError(400, "audio: the clip holds no samples", param="audio", code="invalid_audio")
-        duration = samples.shape[0] / rate
-        if duration > self.max_seconds:  # a header may not state its length (e.g. MP3)
-            raise ApiError(400, f"audio: the clip lasts {duration:.1f}s; at most {self.max_seconds:g}s is accepted", param="audio", code="audio_too_long")
-        return VoiceSample(np.ascontiguousarray(samples.mean(axis=1), dtype=np.float32), int(rate), self.transcript, dict(self.options))
+        return VoiceSample(np.ascontiguousarray(samples, dtype=np.float32), int(rate), self.transcript, dict(self.options))
 
 
 @dataclass(frozen=True)
