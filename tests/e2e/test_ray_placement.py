@@ -240,7 +240,8 @@ def test_a_peer_without_the_secret_cannot_command_an_engine(servers):
     after = toy.health().json()
     assert after["status"] == "ok"
     assert {n: e["pid"] for n, e in after["engines"].items()} == {n: e["pid"] for n, e in engines.items()}
-    assert toy.log_tail(400).count("dropped a message without the server's secret") >= 4
+    # One rate-limited line per socket counts its drops (issue 33).
+    assert toy.log_tail(400).count("without the server's secret") >= len(engines)
     prompt, sampling = [256, *b"still serving"], {"temperature": 0, "max_tokens": 8}
     assert _outputs(_generate(toy, "toy", prompt, sampling))[0].numel() == 8
 

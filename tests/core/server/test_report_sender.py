@@ -120,3 +120,16 @@ def test_stats_reports_pass_through():
     assert sock.arrived.wait(5)
     stop(sender, thread)
     assert isinstance(sock.reports[0], Stats)
+
+
+def test_a_step_larger_than_the_socket_cap_leaves_in_several_messages():
+    # The API's report socket refuses frames over its cap (issue 33): a big step is split.
+    sender = ReportSender("0", TensorCodec("mstar_sendertest_", threshold=1 << 20), max_hold_s=5.0, max_message_bytes=3000)
+    sink = sender.sink(None)
+    for i in range(8):
+        sink.put(RequestOutput(f"r{i}", signal="audio", data=torch.ones(250)))  # ~1 KB each, inline
+    sender.step_ended()
+    sock, thread = start(sender)
+    stop(sender, thread)
+    assert len(sock.reports) > 1 and all(isinstance(r, Events) for r in sock.reports)
+    assert [e.request_id for r in sock.reports for e in r.events] == [f"r{i}" for i in range(8)]

@@ -32,7 +32,12 @@ from mstar.model.precision import DTYPE_NAMES
 @click.option("--device", default="cpu", show_default=True, help="Device of the default placement's groups.")
 @click.option("--dtype", default=None, type=click.Choice(sorted(DTYPE_NAMES), case_sensitive=False), help="Weights and activations: auto (default: the checkpoint's dtype on accelerators, float32 on CPU), bfloat16, float16 or float32, on any device. Nodes the plugin keeps in float32 (codecs) stay so.")
 @click.option("--restart-engines/--no-restart-engines", default=True, show_default=True, help="Restart a dead engine process (back-off 1 s doubling to 30 s).")
-@click.option("--max-engine-restarts", default=5, show_default=True, type=click.IntRange(min=0), help="Restarts per engine before it stays down.")
+@click.option("--max-engine-restarts", default=5, show_default=True, type=click.IntRange(min=0), help="Restarts per engine within --engine-restart-window; one more death and it stays down.")
+@click.option("--engine-restart-window", default=600.0, show_default=True, type=click.FloatRange(min=0), help="Seconds over which --max-engine-restarts counts (0: over the server's whole life).")
+@click.option("--max-header-bytes", default=64 << 10, show_default=True, type=click.IntRange(min=1024), help="A request's line and headers; larger: 400 and the connection closed.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Seconds for a request's headers to arrive (and for an idle connection between requests); then it is closed.")
+@click.option("--body-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Seconds for a request's whole body to arrive; slower: 408 and the connection closed.")
+@click.option("--max-connections", default=1024, show_default=True, type=click.IntRange(min=1), help="Open HTTP connections; a request beyond them gets 503.")
 @click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0), help="SIGTERM: seconds running requests may still finish before their streams are ended.")
 @click.option("--max-stream-buffer-bytes", default=64 << 20, show_default=True, type=click.IntRange(min=1), help="Output waiting for a client that does not read, per request; beyond it the request is aborted.")
 @click.option("--max-stream-buffer-total-bytes", default=256 << 20, show_default=True, type=click.IntRange(min=1), help="Output waiting for clients that do not read, over all requests together; beyond it the request with the most waiting is aborted.")
@@ -45,7 +50,8 @@ from mstar.model.precision import DTYPE_NAMES
 def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | None, weights: str | None, revision: str | None, served_model_names: tuple[str, ...], random_weights: bool, placement: str | None, host: str, port: int, api_key: str | None,
           max_concurrency: int, max_queue: int, request_timeout: float, max_body_bytes: int, preprocess_workers: int | None,
           engine_options: tuple[str, ...], engine_threads: int | None, shm_threshold: int | None, device: str, dtype: str | None,
-          restart_engines: bool, max_engine_restarts: int, shutdown_timeout: float, max_stream_buffer_bytes: int, log_level: str,
+          restart_engines: bool, max_engine_restarts: int, engine_restart_window: float, max_header_bytes: int, header_timeout: float,
+          body_timeout: float, max_connections: int, shutdown_timeout: float, max_stream_buffer_bytes: int, log_level: str,
           max_stream_buffer_total_bytes: int = 256 << 20,
           placement_backend: str = "local", ray_address: str | None = None,
           voices_dir: str | None = None, voice_max_bytes: int = 10 << 20, voice_max_seconds: float = 30.0) -> None:
@@ -75,7 +81,9 @@ def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | N
         model=given[0] if given else "", weights=weights, revision=revision, served_model_names=list(served_model_names), random_weights=random_weights, placement=placement, host=host, port=port,
         api_key=api_key, max_concurrency=max_concurrency, max_queue=max_queue, request_timeout_s=request_timeout,
         max_body_bytes=max_body_bytes, log_level=log_level, device=device, engine_options=_parse_options(engine_options), engine_threads=engine_threads,
-        restart_engines=restart_engines, max_engine_restarts=max_engine_restarts, shutdown_timeout_s=shutdown_timeout,
+        restart_engines=restart_engines, max_engine_restarts=max_engine_restarts, engine_restart_window_s=engine_restart_window,
+        max_header_bytes=max_header_bytes, header_timeout_s=header_timeout, body_timeout_s=body_timeout, max_connections=max_connections,
+        shutdown_timeout_s=shutdown_timeout,
         max_stream_buffer_bytes=max_stream_buffer_bytes,
         max_stream_buffer_total_bytes=max_stream_buffer_total_bytes,
         voices_dir=voices_dir, voice_max_bytes=voice_max_bytes, voice_max_seconds=voice_max_seconds,

@@ -24,6 +24,7 @@ from mstar.api.protocol import (
     GenerateRequest,
     SpeechRequest,
 )
+from mstar.server.http_guard import BodyTimeout
 from mstar.server.middleware import ApiKeyAuth, BodyLimit, Draining, RequestMetrics
 from mstar.server.model_set import ModelSet, card
 from mstar.server.openapi import install_openapi
@@ -68,6 +69,7 @@ def create_app(models: ServerRuntime | ModelSet, *, manage_runtime: bool = True)
     install_openapi(app, api_key=bool(ms.config.api_key))
     # Outermost last: metrics see every response, auth runs before the body is read.
     app.add_middleware(BodyLimit, max_bytes=ms.config.max_body_bytes)
+    app.add_middleware(BodyTimeout, timeout_s=ms.config.body_timeout_s)
     app.add_middleware(ApiKeyAuth, api_key=ms.config.api_key)
     app.add_middleware(Draining, is_draining=lambda: ms.draining, retry_after=ms.retry_after_s)
     app.add_middleware(RequestMetrics, metrics=ms.metrics, endpoints=ENDPOINTS)
@@ -156,7 +158,7 @@ def _error_handlers(app: FastAPI, ms: ModelSet) -> None:
         if exc.status_code == 404:
             message = f"no endpoint {request.method} {request.url.path}; see GET /v1/models and the API docs at /docs"
             return JSONResponse(error_body(message, "not_found_error", None, "unknown_endpoint"), status_code=404)
-        code = {405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        code = {405: "method_not_allowed", 408: "request_timeout", 413: "request_too_large"}.get(exc.status_code)
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         # Keeps Starlette's headers: ``Allow`` on a 405.
         return JSONResponse(error_body(str(exc.detail), kind, None, code), status_code=exc.status_code, headers=exc.headers)

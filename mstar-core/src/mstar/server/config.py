@@ -32,7 +32,12 @@ class ServerConfig:
     engine_options: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
     startup_timeout_s: float = 600.0
     restart_engines: bool = True  # a dead engine process is restarted (with back-off)
-    max_engine_restarts: int = 5  # per engine, over the server's life; then it stays down
+    max_engine_restarts: int = 5  # per engine within engine_restart_window_s; more: it stays down
+    engine_restart_window_s: float = 600.0  # the restart limit's window (0: over the server's life)
+    max_header_bytes: int = 64 << 10  # a request's line and headers, larger: 400 and closed
+    header_timeout_s: float = 10.0  # for a request's headers (and an idle or unread connection after a response)
+    body_timeout_s: float = 60.0  # for a request's whole body, from its headers; slower: 408 and closed
+    max_connections: int = 1024  # open HTTP connections; a request beyond them gets 503
     shutdown_timeout_s: float = 30.0  # SIGTERM: how long running requests may still finish
     max_stream_buffer_bytes: int = 64 << 20  # output waiting for a slow reader, per request
     max_stream_buffer_total_bytes: int = 256 << 20  # the same over all requests; beyond: the slowest reader is aborted

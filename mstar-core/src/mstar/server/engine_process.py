@@ -19,7 +19,7 @@ import msgspec
 
 from mstar.engine.errors import classify_error
 from mstar.server.engine_stats import StatsReporter, engine_stats
-from mstar.server.ipc_auth import SignedSocket, authenticated
+from mstar.server.ipc_auth import SignedSocket, authenticated, cap_frames
 from mstar.server.messages import (
     AbortRequest,
     AddRequest,
@@ -31,6 +31,7 @@ from mstar.server.messages import (
     Shutdown,
     command_decoder,
 )
+from mstar.server.parent_death import die_with_parent
 from mstar.server.report_sender import ReportSender
 from mstar.server.tensor_codec import TensorCodec
 
@@ -53,6 +54,7 @@ class EngineProcessSpec(msgspec.Struct):
     stats_interval_s: float = 0.1
     torch_threads: int | None = None  # intra-op threads of this engine (None: torch's default)
     secret: bytes = b""  # the server's per-run secret in front of every message (ipc_auth)
+    max_message_bytes: int = 0  # the largest frame the command socket accepts (0: no cap)
 
 
 def run_engine_process(spec_bytes: bytes) -> None:
@@ -62,8 +64,34 @@ def run_engine_process(spec_bytes: bytes) -> None:
     # The API process owns shutdown: Ctrl-C in a terminal reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_sigterm(*_: object) -> None:
+        if os.getppid() != spec.parent_pid:  # PR_SET_PDEATHSIG: the API process died
+            _clean_up_after_dead_parent(spec)
+            os._exit(0)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    # A crashed or killed API process must not leave this engine running.
+    die_with_parent(signal.SIGTERM, spec.parent_pid)
     raise SystemExit(EngineWorker(spec, stop).run())
+
+
+def _clean_up_after_dead_parent(spec: EngineProcessSpec) -> None:
+    """What the API process would have removed at shutdown: this server's shared-memory
+    segments and its socket folder (every engine tries; whichever comes first wins)."""
+    import shutil
+    from pathlib import Path
+
+    from mstar.server.tensor_codec import cleanup_segments
+
+    log.warning("API process exited; engine %s stops", spec.name)
+    cleanup_segments(spec.shm_prefix)
+    for addr in (spec.command_addr, spec.report_addr):
+        if addr.startswith("ipc://"):
+            folder = Path(addr.removeprefix("ipc://")).parent
+            if folder.name.startswith("mstar-"):
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 class EngineWorker:
@@ -73,7 +101,7 @@ class EngineWorker:
         self.spec = spec
         self.stop = stop
         self.codec = TensorCodec(spec.shm_prefix, spec.shm_threshold)
-        self.sender = ReportSender(spec.name, self.codec)
+        self.sender = ReportSender(spec.name, self.codec, max_message_bytes=spec.max_message_bytes)
         self.ctx = zmq.Context()
         self.engine: Any = None
         self.reporter: StatsReporter | None = None
@@ -112,6 +140,7 @@ class EngineWorker:
         import zmq
 
         sock = self.ctx.socket(zmq.PULL)
+        cap_frames(sock, self.spec.max_message_bytes)
         sock.bind(self.spec.command_addr)
         return sock
 

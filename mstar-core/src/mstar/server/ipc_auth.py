@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import secrets
+import time
 from typing import Any
 
 log = logging.getLogger("mstar.server")
@@ -32,9 +34,53 @@ class SignedSocket:
         self.sock.send_multipart([self.secret, payload], flags)
 
 
+MIN_MAX_MESSAGE_BYTES = 64 << 20
+DROP_LOG_INTERVAL_S = 10.0
+
+
+def max_message_bytes(shm_threshold: int, max_body_bytes: int) -> int:
+    """The largest frame a receiving internal socket accepts (``zmq.MAXMSGSIZE``; a peer
+    sending a larger one is disconnected before it is buffered whole): tensors of
+    ``shm_threshold`` bytes and more travel through shared memory, so a message holds small
+    ones only, plus at most a request body's worth. 0 (no cap) when nothing goes through
+    shared memory (engines on other machines)."""
+    if shm_threshold >= 1 << 40:
+        return 0
+    return max(MIN_MAX_MESSAGE_BYTES, 2 * max_body_bytes, 256 * shm_threshold)
+
+
+def cap_frames(sock: Any, max_bytes: int) -> None:
+    """Set ``zmq.MAXMSGSIZE`` on a receiving socket (before it binds or connects)."""
+    import zmq
+
+    if max_bytes > 0:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+
+
+class _DropLog:
+    """One log line per ``DROP_LOG_INTERVAL_S`` per socket, with the count since the last."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+
+    def dropped(self, where: str, frames: int, nbytes: int) -> None:
+        now = time.monotonic()
+        self.count[where] = self.count.get(where, 0) + 1
+        if now - self.last.get(where, -math.inf) >= DROP_LOG_INTERVAL_S:
+            n = self.count.pop(where)
+            self.last[where] = now
+            log.warning("%s: dropped %d message(s) without the server's secret (the last: %d frame(s), %d bytes); "
+                        "next report in %gs at the earliest", where, n, frames, nbytes, DROP_LOG_INTERVAL_S)
+
+
+_drops = _DropLog()
+
+
 def authenticated(frames: list[bytes], secret: bytes, where: str) -> bytes | None:
-    """The payload of ``frames`` if they carry ``secret``; else ``None`` (logged, dropped)."""
+    """The payload of ``frames`` if they carry ``secret``; else ``None`` (dropped, and
+    counted in a rate-limited log line). The secret frame is checked before anything else."""
     if len(frames) == 2 and hmac.compare_digest(frames[0], secret):
         return frames[1]
-    log.warning("%s: dropped a message without the server's secret (%d frame(s), %d bytes)", where, len(frames), sum(map(len, frames)))
+    _drops.dropped(where, len(frames), sum(map(len, frames)))
     return None

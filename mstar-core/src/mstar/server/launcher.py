@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -68,6 +69,17 @@ def _exit_cleanly_on_signals() -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
+
+
+def _raise_open_files_limit() -> None:
+    """The soft open-files limit up to the hard one: --max-connections, engines' sockets and
+    shared memory all need descriptors (a 1,024 soft limit ran out under stalled clients)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16), hard))
 
 
 def _draining_server_class() -> type:
@@ -147,16 +159,23 @@ def run_server(config: ServerConfig, models: list[ServerConfig] | None = None) -
     import uvicorn
 
     from mstar.server.app import create_app
+    from mstar.server.http_guard import guarded_h11
     from mstar.server.ready_summary import models_ready_summary
 
     DrainingServer = _announcing(_draining_server_class(), lambda url: models_ready_summary(runtime.runtimes, url))  # noqa: N806 (a class, built lazily with uvicorn)
 
     _exit_cleanly_on_signals()
+    _raise_open_files_limit()
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     runtime = _build_models(models or [config])  # a ModelSet: starts, drains and stops them all
     app = create_app(runtime)
     server = DrainingServer(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5, access_log=False),
+        uvicorn.Config(
+            app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5, access_log=False,
+            # h11 (not httptools): it bounds a request's headers; see mstar.server.http_guard.
+            http=guarded_h11(config.header_timeout_s), h11_max_incomplete_event_size=config.max_header_bytes,
+            limit_concurrency=config.max_connections,
+        ),
         runtime,
     )
     runtime.set_stop_requested(lambda: server.should_exit)

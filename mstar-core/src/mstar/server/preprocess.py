@@ -40,6 +40,12 @@ def load_adapter(model: str, checkpoint_dir: str | Path) -> tuple[Any, ApiAdapte
 
 def _init_worker(model: str, checkpoint_dir: str) -> None:
     global _worker_adapter
+    import signal
+
+    from mstar.server.parent_death import die_with_parent
+
+    parent = mp.parent_process()
+    die_with_parent(signal.SIGKILL, parent.pid if parent is not None else None)  # no orphan if the API process dies
     _worker_adapter = load_adapter(model, checkpoint_dir)[1]
 
 

@@ -51,10 +51,12 @@ class RequestSink:
 
 
 class ReportSender:
-    def __init__(self, engine_name: str, codec: TensorCodec, max_hold_s: float = MAX_HOLD_S) -> None:
+    def __init__(self, engine_name: str, codec: TensorCodec, max_hold_s: float = MAX_HOLD_S, max_message_bytes: int = 0) -> None:
         self.engine_name = engine_name
         self.codec = codec
         self.max_hold_s = max_hold_s
+        # The API's report socket refuses larger frames (ipc_auth.max_message_bytes; 0: none).
+        self.max_message_bytes = max_message_bytes
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         # Whether this step queued anything; touched by the engine thread only.
         self.step_outputs = False
@@ -92,7 +94,7 @@ class ReportSender:
                 if isinstance(item, Event):  # a refused request, from the command thread
                     pending.append(item)
                 if pending:
-                    sock.send(report_encoder.encode(Events(self.engine_name, pending)))
+                    self._send_events(sock, pending)
                     pending = []
                 if item is _STOP:
                     return
@@ -102,6 +104,16 @@ class ReportSender:
                 if not pending:
                     deadline = time.monotonic() + self.max_hold_s
                 pending.append(self._event(item))
+
+    def _send_events(self, sock: Any, events: list[Event]) -> None:
+        """``events`` as one message, or halves of it while it would exceed the cap."""
+        raw = report_encoder.encode(Events(self.engine_name, events))
+        if self.max_message_bytes and len(raw) > self.max_message_bytes and len(events) > 1:
+            half = len(events) // 2
+            self._send_events(sock, events[:half])
+            self._send_events(sock, events[half:])
+            return
+        sock.send(raw)
 
     def _event(self, out: Any) -> Event:
         return Event(

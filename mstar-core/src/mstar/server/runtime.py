@@ -25,7 +25,7 @@ from mstar.server.config import ServerConfig
 from mstar.server.engine_backend import make_backend
 from mstar.server.engine_handle import EngineHandle
 from mstar.server.engine_process import EngineProcessSpec
-from mstar.server.ipc_auth import authenticated, new_secret
+from mstar.server.ipc_auth import authenticated, cap_frames, max_message_bytes, new_secret
 from mstar.server.messages import Events, Fatal, Ready, Stats, report_decoder
 from mstar.server.metrics import MetricFamilies, ServerMetrics
 from mstar.server.placement import Placement, load_placement, request_engines, validate_placement
@@ -89,6 +89,7 @@ class ServerRuntime:
         self.backend = make_backend(config.placement_backend, self.placement, config.ray_address)
         self.shm_threshold = self.backend.shm_threshold(config.shm_threshold)
         self.codec = TensorCodec(self.shm_prefix, self.shm_threshold)
+        self.max_message_bytes = max_message_bytes(self.shm_threshold, config.max_body_bytes)
         self.ipc_dir = Path(tempfile.mkdtemp(prefix="mstar-"))
         self.zctx = zmq.Context()
         self.actx = zmq.asyncio.Context()
@@ -102,7 +103,7 @@ class ServerRuntime:
         self._reports: Any = None
         self._receiver: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None
-        self.supervisor = Supervisor(config.restart_engines, config.max_engine_restarts)
+        self.supervisor = Supervisor(config.restart_engines, config.max_engine_restarts, config.engine_restart_window_s)
         self.started = False
         self.draining = False
         self._drain_deadline = 0.0
@@ -163,6 +164,7 @@ class ServerRuntime:
         ``mstar.server.warmup.warm_up``) before the port opens."""
         loop = asyncio.get_running_loop()
         self._reports = self.actx.socket(zmq.PULL)
+        cap_frames(self._reports, self.max_message_bytes)
         self._reports.bind(self.backend.report_address(self.ipc_dir))
         report_addr = self._reports.getsockopt_string(zmq.LAST_ENDPOINT)  # a wildcard port resolved
         self._ready = loop.create_future()
@@ -209,6 +211,7 @@ class ServerRuntime:
             engine_options=dict(self.config.engine_options),
             torch_threads=self.config.engine_threads,
             secret=self.ipc_secret,
+            max_message_bytes=self.max_message_bytes,
         )
         return self.backend.handle(spec, self.placement, self.zctx)
 
@@ -254,7 +257,11 @@ class ServerRuntime:
 
     async def _receive_loop(self) -> None:
         while True:
-            raw = authenticated(await self._reports.recv_multipart(), self.ipc_secret, "report socket")
+            frames = await self._reports.recv_multipart()
+            # A queued message comes back without a pause: let requests run between them,
+            # or a flood (of junk or of reports) would starve the event loop.
+            await asyncio.sleep(0)
+            raw = authenticated(frames, self.ipc_secret, "report socket")
             if raw is None:
                 continue
             try:
