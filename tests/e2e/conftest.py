@@ -95,7 +95,8 @@ class ServerProcess:
         raise RuntimeError(f"server not healthy after {timeout}s:\n{self.log_tail()}")
 
     def health(self) -> httpx.Response:
-        return httpx.get(f"{self.url}/health", timeout=5)
+        # With the key: a server with one shows engine pids and exit text to its holders only.
+        return httpx.get(f"{self.url}/health", headers=self.headers, timeout=5)
 
     def engine_pids(self) -> dict[str, int]:
         return {name: e["pid"] for name, e in self.health().json()["engines"].items()}

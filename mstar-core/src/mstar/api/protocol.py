@@ -173,6 +173,15 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("expected an integer, got a boolean")
         return v
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _no_bool_ids(cls, v: Any) -> Any:
+        # pydantic reads true as the token id 1: a boolean is no token id (nor a prompt).
+        items = v if isinstance(v, list) else [v]
+        if any(isinstance(x, bool) or (isinstance(x, list) and any(isinstance(y, bool) for y in x)) for x in items):
+            raise ValueError("expected a string or token ids, got a boolean")
+        return v
+
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one per choice set."""
         p = self.prompt
@@ -189,7 +198,7 @@ class SpeechRequest(_SamplingFields):
     voice: str | None = None
     instructions: str | None = None
     response_format: Literal["wav", "pcm", "flac"] = "wav"
-    speed: float = Field(1.0, gt=0.0)
+    speed: float = Field(1.0, ge=0.25, le=4.0)  # OpenAI's range
     stream_format: Literal["audio", "sse"] | None = None
     max_tokens: int | None = None
 

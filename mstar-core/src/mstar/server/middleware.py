@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hmac
+import logging
+import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
 
 import msgspec
 from fastapi import HTTPException
@@ -12,10 +15,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mstar.api.errors import ApiError
 from mstar.server.metrics import MODEL_SCOPE_KEY, MetricFamilies
 
+log = logging.getLogger("mstar.server")
 _json = msgspec.json.Encoder()
 # /docs, /redoc and /openapi.json need the key like the API itself.
 _OPEN_PATHS = ("/health", "/metrics", "/version", "/")
 _OPEN_PREFIXES = ("/static/",)  # the playground page's files: no data, the page asks for the key
+# Whether this request may see /health's details (engine pids, exit and error text): always
+# without an API key; with one, only when the request carries it (set by ``ApiKeyAuth``).
+HEALTH_DETAIL: ContextVar[bool] = ContextVar("mstar_health_detail", default=True)
 
 
 def _is_open(path: str) -> bool:
@@ -34,7 +41,8 @@ async def send_error(send: Send, err: ApiError, headers: list[tuple[bytes, bytes
 
 class RequestMetrics:
     """Counts every HTTP response by model, endpoint and status (outermost, so it sees all);
-    the model is the one the route recorded in the scope, ``""`` when none."""
+    the model is the one the route recorded in the scope, ``""`` when none. An exception
+    no handler took, raised before the response started, is answered with a 500 here."""
 
     def __init__(self, app: ASGIApp, metrics: MetricFamilies, endpoints: set[str]) -> None:
         self.app = app
@@ -58,10 +66,16 @@ class RequestMetrics:
 
         try:
             await self.app(scope, receive, counting_send)
-        except Exception:
-            if not started:  # the outermost error handler answers it with a 500
-                self.metrics.count_request(scope.get(MODEL_SCOPE_KEY, ""), endpoint, 500)
-            raise
+        except Exception as exc:
+            if started:  # a response cut short: the server drops the connection
+                raise
+            # Answered here, not by Starlette's outermost handler: that one re-raises after
+            # its 500, and uvicorn then closes the connection, resetting the client's next
+            # request on it (keep-alive). A 500 is a whole response; the connection lives on.
+            error_id = f"err-{uuid.uuid4().hex[:12]}"
+            log.error("internal error %s on %s %s", error_id, scope.get("method"), path, exc_info=exc)
+            message = f"internal server error; the server log has the details under {error_id}"
+            await send_error(counting_send, ApiError(500, message, code="internal_error"))
 
 
 class Draining:
@@ -82,18 +96,23 @@ class Draining:
 
 class ApiKeyAuth:
     """``Authorization: Bearer <key>`` on every endpoint but health, metrics, version and
-    the playground page's files (the API docs and schema included). WebSocket routes
-    check the key themselves."""
+    the playground page's files (the API docs and schema included); ``/health`` without the
+    key answers its statuses only (``HEALTH_DETAIL``). WebSocket routes check the key
+    themselves."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app = app
         self.key = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.key is None or _is_open(scope["path"]):
+        if scope["type"] != "http" or self.key is None:
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
+        if _is_open(scope["path"]):
+            # Open, but /health shows its details (pids, error text) only with the key.
+            HEALTH_DETAIL.set(scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key))
+            return await self.app(scope, receive, send)
         if not header:
             err = ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
         elif scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):

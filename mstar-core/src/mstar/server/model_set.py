@@ -17,6 +17,7 @@ from mstar.api.adapter import CHAT, COMPLETIONS, GENERATE, SPEECH
 from mstar.api.errors import ApiError
 from mstar.api.protocol import ModelCard
 from mstar.server.metrics import MODEL_SCOPE_KEY, MetricFamilies
+from mstar.server.middleware import HEALTH_DETAIL
 from mstar.server.runtime import ServerRuntime
 
 _ENDPOINTS = (CHAT, COMPLETIONS, SPEECH, GENERATE)
@@ -110,14 +111,14 @@ class ModelSet:
         report under ``models``."""
         if model is not None or len(self.runtimes) == 1:
             rt = self.get(model) if model is not None else self.runtimes[0]
-            return (200 if rt.healthy else 503), rt.health(), rt.retry_after_s()
+            return (200 if rt.healthy else 503), _shown(rt.health()), rt.retry_after_s()
         if self.healthy:
             status = "ok"
         elif self.draining:
             status = "draining"
         else:
             status = "degraded" if any(rt.healthy for rt in self.runtimes) else "unhealthy"
-        body = {"status": status, "models": {rt.model_name: rt.health() for rt in self.runtimes}}
+        body = {"status": status, "models": {rt.model_name: _shown(rt.health()) for rt in self.runtimes}}
         return (200 if status == "ok" else 503), body, self.retry_after_s()
 
     # ---- life cycle ---------------------------------------------------------------------
@@ -170,3 +171,15 @@ def card(rt: ServerRuntime) -> dict[str, Any]:
         **ModelCard(id=rt.model_name, created=rt.created).model_dump(),
         "aliases": aliases_of(rt), "endpoints": endpoints(rt), "chat_audio": chat_audio(rt),
     }
+
+
+# What /health shows of an engine only to a caller with the API key (when one is set):
+# process ids and the text of its exits and errors.
+_PRIVATE = ("pid", "error", "last_exit")
+
+
+def _shown(report: dict[str, Any]) -> dict[str, Any]:
+    if HEALTH_DETAIL.get():
+        return report
+    engines = {name: {k: v for k, v in e.items() if k not in _PRIVATE} for name, e in report.get("engines", {}).items()}
+    return {**report, "engines": engines}

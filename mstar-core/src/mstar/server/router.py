@@ -217,11 +217,31 @@ class Router:
             raise ApiError(503, f"engine {down[0].name!r} {down[0].unavailable_reason()}; retry later", code="engine_unavailable")
         stream = RequestStream(request_id, set(routes.values()), routes, self.buffered)
         self.streams[request_id] = stream
-        for engine in targets:
-            # Encoded per engine: a shared-memory segment is consumed by its one receiver.
-            msg = AddRequest(request_id, {k: self.codec.encode(v) for k, v in inputs.items()}, sampling, kwargs, signals)
-            engine.send(msg)
+        sent: list[str] = []
+        try:
+            for group in sorted(groups):
+                self._send_request(self.engines[routes[group]], AddRequest(request_id, {}, sampling, kwargs, signals), inputs)
+                sent.append(routes[group])
+        except BaseException:
+            # Nothing of a request that could not be sent stays behind: its registration
+            # goes, and the engines that did get it abort it.
+            self.streams.pop(request_id, None)
+            for name in sent:
+                self._send(name, AbortRequest(request_id))
+            raise
         return stream
+
+    def _send_request(self, engine: EngineHandle, msg: AddRequest, inputs: dict[str, torch.Tensor]) -> None:
+        """Send ``msg`` with ``inputs`` encoded for ``engine`` alone (a shared-memory segment is
+        consumed by its one receiver); a send that fails frees the segments it made."""
+        try:
+            for name, value in inputs.items():
+                msg.inputs[name] = self.codec.encode(value)
+            engine.send(msg)
+        except BaseException:
+            for encoded in msg.inputs.values():
+                self.codec.discard(encoded)
+            raise
 
     def _engines_of(self, group: str) -> tuple[str, ...]:
         return self.replicas.get(group, (group,)) if self.replicas is not None else (group,)

@@ -32,7 +32,7 @@ from mstar.server.streaming import (
     ending_with_error,
     ndjson,
 )
-from mstar.server.strict_json import loads_strict
+from mstar.server.strict_json import UnsafeValue, loads_strict
 
 
 async def upload_request(request: Request) -> GenerateRequest:
@@ -43,6 +43,8 @@ async def upload_request(request: Request) -> GenerateRequest:
     field = form.get("request")
     try:
         data = loads_strict(field.encode()) if isinstance(field, str) else {}
+    except UnsafeValue as exc:  # valid JSON no request may carry: named as in a JSON body
+        raise ApiError(400, exc.message, param=exc.param or "request", code="invalid_value") from None
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"the request field is not valid JSON: {exc}", param="request", code="invalid_json") from None
     if not isinstance(data, dict):

@@ -48,6 +48,17 @@ class TensorCodec:
         return msg
 
     @staticmethod
+    def discard(msg: TensorMsg) -> None:
+        """Free the segment of a message that will never be sent (or decoded)."""
+        if msg.shm is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            seg = shared_memory.SharedMemory(name=msg.shm, create=False)
+            seg.close()
+            seg.unlink()  # also unregisters it from this process's tracker
+        msg.shm = None
+
+    @staticmethod
     def decode(msg: TensorMsg) -> torch.Tensor:
         dtype = dtype_from_name(msg.dtype)
         if msg.shm is None:
