@@ -1,12 +1,20 @@
 """schemathesis against a live toy server, from its own ``/openapi.json``: schema-valid and
 schema-violating requests on every operation. No answer may be a 5xx or take over 30 s.
 Bounded and reproducible: a fixed number of cases per operation, derandomized (a fixed
-seed); about two minutes on two CPU cores. Select with ``-m fuzz``, skip with ``-m 'not fuzz'``."""
+seed); about two minutes on two CPU cores. Select with ``-m fuzz``, skip with ``-m 'not fuzz'``.
+
+The hostile corpus (``benchmarks/hostile_corpus.py``, about 2,100 cases, half a minute) adds
+what the schema cannot generate: lone surrogates in every string field and key, nesting 900
+and 100,000 deep, numbers beyond a float, booleans as token ids; no answer may be a 5xx, and
+no connection may be reset."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -93,4 +101,21 @@ def test_fuzz_openapi_no_5xx_no_slow_answer(start_server):
                 run()
     assert not problems, "\n".join(problems[:10]) + f"\n({len(problems)} of {calls} calls)\n" + server.log_tail(40)
     assert calls >= 100 and statuses[1] >= 20, statuses  # enough cases reached a handler
+    assert server.health().status_code == 200
+
+
+CORPUS = Path(__file__).resolve().parents[2] / "benchmarks" / "hostile_corpus.py"
+
+
+def test_hostile_corpus_no_5xx_no_reset(start_server):
+    spec = importlib.util.spec_from_file_location("hostile_corpus", CORPUS)
+    corpus = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = corpus  # its dataclass looks itself up there
+    spec.loader.exec_module(corpus)
+    server = start_server(["--preprocess-workers", "0", "--request-timeout", "25"])
+    cases = corpus.cases("toy")
+    assert len(cases) >= 1000
+    statuses, faults, resets = corpus.run(server.url, cases, None, SLOW_S)
+    assert not faults and not resets, "\n".join((faults + resets)[:10]) + f"\n({len(faults)} 5xx, {len(resets)} resets)\n" + server.log_tail(40)
+    assert statuses[400] > len(cases) // 2 and statuses[200] > 0, statuses
     assert server.health().status_code == 200
