@@ -157,3 +157,18 @@ def test_health_shows_pids_and_exit_text_only_with_the_key(start_server) -> None
     assert all("pid" not in e for e in wrong["engines"].values())
     full = server.health().json()  # with the key
     assert all(isinstance(e["pid"], int) for e in full["engines"].values())
+
+
+def test_voice_and_ws_messages_with_a_lone_surrogate_name_the_field(toy) -> None:
+    from websockets.sync.client import connect
+
+    body = b'{"name": "v1", "transcript": "a\\ud800", "audio": "AAAA"}'
+    r = httpx.post(toy.url + "/v1/audio/voices", content=body, headers=JSON, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "transcript"
+    with connect(toy.url.replace("http://", "ws://") + "/v1/audio/speech/stream", proxy=None, open_timeout=30) as ws:
+        ws.send('{"type": "text", "text": "hi \\ud800"}')
+        error = json.loads(ws.recv(timeout=30))
+        assert error["type"] == "error" and error["error"]["param"] == "text", error
+        ws.send('{"type": "session", "temperature": 1e999}')
+        assert json.loads(ws.recv(timeout=30))["error"]["param"] == "temperature"

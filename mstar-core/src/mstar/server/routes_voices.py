@@ -25,7 +25,7 @@ from mstar.api.errors import ApiError
 from mstar.api.voices import EngineVoice, VoiceUpload
 from mstar.server.preprocess import voice_from_request
 from mstar.server.runtime import ServerRuntime
-from mstar.server.strict_json import loads_strict
+from mstar.server.strict_json import UnsafeValue, loads_strict
 from mstar.server.voice_library import check_name
 from mstar.server.voice_making import engine_voice_tensors
 
@@ -157,6 +157,8 @@ async def _read_body(request: Request, limit: int) -> tuple[dict[str, Any], byte
     elif kind.startswith("application/json"):
         try:
             body = loads_strict(await request.body())
+        except UnsafeValue as exc:  # valid JSON no request may carry: named as in other bodies
+            raise ApiError(400, exc.message, param=exc.param, code="invalid_value") from None
         except json.JSONDecodeError as exc:
             raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
         if not isinstance(body, dict):

@@ -60,7 +60,7 @@ from mstar.server.execution import Execution
 from mstar.server.output_tracker import OutputTracker
 from mstar.server.runtime import ServerRuntime
 from mstar.server.sentences import SentenceSplitter
-from mstar.server.strict_json import loads_strict
+from mstar.server.strict_json import UnsafeValue, loads_strict
 from mstar.server.voice_making import session_voice_made
 
 log = logging.getLogger("mstar.server")
@@ -176,6 +176,8 @@ class _Session:
         try:
             body = loads_strict(message["text"].encode())
         except json.JSONDecodeError as exc:
+            if isinstance(exc, UnsafeValue):  # valid JSON no message may carry: named as in a body
+                return await self._error(ApiError(400, exc.message, param=exc.param, code="invalid_value"))
             return await self._error(ApiError(400, f"the message is not valid JSON: {exc}", code="invalid_json"))
         kind = body.get("type") if isinstance(body, dict) else None
         if kind == "text":
