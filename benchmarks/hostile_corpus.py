@@ -7,7 +7,10 @@ same keep-alive connection is read). The corpus is deterministic: for each route
 takes each hostile value in turn: lone surrogates (alone, inside text, as a key), nesting
 900 and 100,000 deep, wrong types, booleans where token ids go, numbers that overflow to
 infinity or beyond 64 bits, huge strings and empty containers; and a few raw bodies (raw
-surrogate bytes, invalid UTF-8, ``NaN``).
+surrogate bytes, invalid UTF-8, ``NaN``). The WebSocket route (``/v1/audio/speech/stream``)
+gets the same values in every field of its ``session`` and ``text`` messages, on one socket:
+each must be answered by nothing or an ``error`` event that is not a server error, and the
+socket must stay open.
 
     python benchmarks/hostile_corpus.py --url http://127.0.0.1:8000 [--model toy] [--api-key KEY]
     python benchmarks/hostile_corpus.py --count      # just the number of cases
@@ -102,6 +105,16 @@ BASES: dict[str, dict[str, Any]] = {
 }
 
 
+WS_PATH = "/v1/audio/speech/stream"
+WS_BASES: dict[str, dict[str, Any]] = {
+    "session": {"type": "session", "model": "MODEL", "voice": "alloy", "temperature": 0.5, "max_tokens": 4,
+                "seed": 1, "max_segment_chars": 300, "sampling": {"top_k": 5}},
+    "text": {"type": "text", "text": "hi"},
+}
+# Always answered with an error event (an unknown type): marks where a case's answers end.
+WS_PROBE = '{"type": "zz_probe"}'
+
+
 def _paths(value: Any, prefix: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
     """Every field's path in a body (objects and list items, the containers themselves too)."""
     if isinstance(value, dict):
@@ -163,6 +176,63 @@ def cases(model: str = "toy") -> list[Case]:
     return out
 
 
+def ws_cases(model: str = "toy") -> list[Case]:
+    """Hostile messages of the WebSocket speech route (``body``: one text frame)."""
+    out: list[Case] = []
+    for kind, template in WS_BASES.items():
+        base = json.loads(json.dumps(template).replace('"MODEL"', json.dumps(model)))
+        for path in [p for p in _paths(base) if p != ("type",)] + [("zz_unknown",)]:
+            for name, raw in HOSTILE.items():
+                out.append(Case(f"ws {kind} {'.'.join(map(str, path))}={name}", WS_PATH, _with(base, path, raw)))
+    for name, raw in (("raw_surrogate_bytes", b'{"type": "text", "text": "\xed\xa0\x80"}'), ("not_json", b"{oops"),
+                      ("array", b"[1]"), ("deep", nested(900).encode())):
+        out.append(Case(f"ws raw {name}", WS_PATH, raw))
+    return out
+
+
+def run_ws(url: str, corpus: list[Case], api_key: str | None, timeout: float) -> tuple[Counter[str], list[str], list[str]]:
+    """Send each case on one socket, then the probe; every event up to the probe's error is
+    the case's answer. Returns answers by kind ("error", "none", ...), the server errors, and
+    the cases after which the socket closed (it is reopened)."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    ws_url = url.replace("http://", "ws://", 1) + WS_PATH
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    answers: Counter[str] = Counter()
+    faults: list[str] = []
+    closed: list[str] = []
+    ws = connect(ws_url, additional_headers=headers, proxy=None, open_timeout=timeout)
+    try:
+        for case in corpus:
+            try:
+                ws.send(case.body.decode("utf-8", "surrogatepass") if b"\xed" not in case.body else case.body)
+                ws.send(WS_PROBE)
+                kind = "none"
+                while True:
+                    frame = ws.recv(timeout=timeout)
+                    if isinstance(frame, bytes):
+                        continue  # audio of a sentence the case started
+                    event = json.loads(frame)
+                    error = event.get("error") or {}
+                    if event.get("type") == "error" and error.get("param") == "type" and "zz_probe" in error.get("message", ""):
+                        break
+                    if event.get("type") == "error":
+                        kind = "error"
+                        if error.get("type") == "server_error" or error.get("code") == "internal_error":
+                            faults.append(f"{case.name}: {frame[:200]}")
+                    elif kind == "none":
+                        kind = str(event.get("type"))
+                answers[kind] += 1
+            except (ConnectionClosed, TimeoutError) as exc:
+                closed.append(f"{case.name}: {type(exc).__name__} {exc}")
+                ws.close()
+                ws = connect(ws_url, additional_headers=headers, proxy=None, open_timeout=timeout)
+    finally:
+        ws.close()
+    return answers, faults, closed
+
+
 def run(url: str, corpus: list[Case], api_key: str | None, timeout: float) -> tuple[Counter[int], list[str], list[str]]:
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     statuses: Counter[int] = Counter()
@@ -194,16 +264,19 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--count", action="store_true", help="print the number of cases and exit")
     args = ap.parse_args()
-    corpus = cases(args.model)
+    corpus, ws_corpus = cases(args.model), ws_cases(args.model)
     if args.count:
-        print(len(corpus))
+        print(len(corpus) + len(ws_corpus))
         return 0
     statuses, faults, resets = run(args.url.rstrip("/"), corpus, args.api_key, args.timeout)
-    print(f"{len(corpus)} cases: " + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items())))
+    print(f"{len(corpus)} HTTP cases: " + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items())))
     print(f"5xx: {len(faults)}; connections reset: {len(resets)}")
-    for line in faults + resets:
+    answers, ws_faults, closed = run_ws(args.url.rstrip("/"), ws_corpus, args.api_key, args.timeout)
+    print(f"{len(ws_corpus)} WebSocket cases: " + ", ".join(f"{k}: {n}" for k, n in sorted(answers.items())))
+    print(f"server errors: {len(ws_faults)}; sockets closed: {len(closed)}")
+    for line in faults + resets + ws_faults + closed:
         print("  " + line)
-    return 1 if faults or resets else 0
+    return 1 if faults or resets or ws_faults or closed else 0
 
 
 if __name__ == "__main__":

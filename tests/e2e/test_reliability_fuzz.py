@@ -118,4 +118,10 @@ def test_hostile_corpus_no_5xx_no_reset(start_server):
     statuses, faults, resets = corpus.run(server.url, cases, None, SLOW_S)
     assert not faults and not resets, "\n".join((faults + resets)[:10]) + f"\n({len(faults)} 5xx, {len(resets)} resets)\n" + server.log_tail(40)
     assert statuses[400] > len(cases) // 2 and statuses[200] > 0, statuses
+    # The WebSocket speech route: every hostile message answered by nothing or a client
+    # error event, the socket open throughout (a planted fault on long texts closes it).
+    ws_cases = corpus.ws_cases("toy")
+    answers, ws_faults, closed = corpus.run_ws(server.url, ws_cases, None, SLOW_S)
+    assert not ws_faults and not closed, "\n".join((ws_faults + closed)[:10]) + "\n" + server.log_tail(40)
+    assert answers["error"] > len(ws_cases) // 2, answers
     assert server.health().status_code == 200
