@@ -8,6 +8,7 @@ reset after a warm-up request) stays within ``GROWTH_MIB`` of what it was before
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ServerProcess, descendants
-from hostile_media import blank_mp4, blank_png, data_url
+from hostile_media import blank_mp4, blank_png, data_url, declared_png, declared_wav
 
 pytestmark = pytest.mark.e2e
 
@@ -95,3 +96,31 @@ def test_media_that_declares_too_much_is_refused_before_decoding(server: ServerP
         assert "max_request_pixels" in r.json()["error"]["message"], (name, r.text[:500])
     assert _worker_pid(server) == pid  # the same worker: none crashed
     assert _chat(server, [_image(small.getvalue())]).status_code == 200
+
+
+def test_media_declaring_huge_sizes_is_never_a_5xx(server: ServerProcess) -> None:
+    """The fuzz of declared media sizes: headers that claim far more than the bytes hold (or
+    absurd rates), in every media slot a chat takes. Each is answered below 500 (a 400, or a
+    200 where only the bytes present are read), the one preprocess worker is still the same
+    process afterwards, and its peak memory grew by less than ``GROWTH_MIB``."""
+    pid = _worker_pid(server)
+    wav = lambda data: {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}}  # noqa: E731
+    cases = {
+        "png 100000x100000": [_image(declared_png(100_000, 100_000))],
+        "png 1x2^31": [_image(declared_png(1, 2**31 - 1))],
+        "png 0x0": [_image(declared_png(0, 0))],
+        "png as video": [{"type": "video_url", "video_url": {"url": data_url(declared_png(50_000, 50_000), "video/mp4")}}],
+        "wav 10 hours": [wav(declared_wav(36_000))],
+        "wav 4 GiB declared at 192 kHz x 8": [wav(declared_wav(1e9, rate=192_000, channels=8))],
+        "wav at 2^31 Hz": [wav(declared_wav(1, rate=2**31 - 1))],
+        "wav as audio_url": [{"type": "audio_url", "audio_url": {"url": data_url(declared_wav(36_000), "audio/wav")}}],
+        "33 small parts": [_image(declared_png(8, 8))] * 33,
+    }
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+    before = _status_kib(pid, "VmHWM")
+    answers = {name: _chat(server, parts) for name, parts in cases.items()}
+    print({name: r.status_code for name, r in answers.items()})
+    faults = {name: (r.status_code, r.text[:300]) for name, r in answers.items() if r.status_code >= 500}
+    assert not faults, faults
+    assert _worker_pid(server) == pid
+    assert (_status_kib(pid, "VmHWM") - before) / 1024 < GROWTH_MIB  # what the files hold, not what they claim

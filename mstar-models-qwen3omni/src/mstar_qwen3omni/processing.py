@@ -106,6 +106,15 @@ class Preprocessor:
         self.limits = limits
         self.video_fps = video_fps
         self.audio_rate = int(hf_processor.feature_extractor.sampling_rate)
+        # The feature extractor's STFT window: shorter audio fails inside it (a reflect pad
+        # wider than the input), so it is refused here, naming the part.
+        self.min_audio_samples = int(getattr(hf_processor.feature_extractor, "n_fft", 1))
+
+    def _long_enough(self, wave: Any, name: str) -> Any:
+        if len(wave) < self.min_audio_samples:
+            raise ValueError(f"{name}: audio of {len(wave)} samples at {self.audio_rate} Hz is shorter than the "
+                             f"{self.min_audio_samples}-sample window the audio features need")
+        return wave
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path, limits: MediaLimits | None = None, video_fps: float = 2.0) -> Preprocessor:
@@ -140,7 +149,7 @@ class Preprocessor:
                 if modality == "image":
                     images.append(decode_image(data, self.limits, name, budget))
                 elif modality == "audio":
-                    audio.append(decode_audio(data, self.limits, name, self.audio_rate, fmt, budget))
+                    audio.append(self._long_enough(decode_audio(data, self.limits, name, self.audio_rate, fmt, budget), name))
                     audio_from_video.append(None)
                 else:
                     video = decode_video(
@@ -154,7 +163,7 @@ class Preprocessor:
                     )
                     videos.append(video.frames)
                     if video.audio is not None and video.audio.size:
-                        audio.append(video.audio)
+                        audio.append(self._long_enough(video.audio, f"{name} audio track"))
                         audio_from_video.append(len(videos) - 1)
                 parts.append({"type": modality})
             templated.append({**message, "content": parts})
