@@ -5,7 +5,8 @@ a product's reduction across threads, so one product computed with 1 and with 2 
 can differ in the last bits; on AMD EPYC hosts it does, for some row counts (e.g. 5 or 10
 rows against a [2048, 512] weight). The engine runs a node's forwards with a thread count
 that depends on ``overlap_nodes`` (``EngineConfig.cpu_threads``), so without a fix the
-seeded audio of Orpheus or Qwen3-TTS would depend on that setting and on the host.
+seeded output of a model that runs a codec beside its LM would depend on that setting and
+on the host.
 
 MKL's strict Conditional Numerical Reproducibility mode (``MKL_CBWR=AUTO,STRICT``: the
 best code path for the CPU, results independent of the thread count) removes that. MKL

@@ -10,7 +10,7 @@ and ``=`` in no name, so the name is a bare version; the value names the plugin'
 and is never imported)::
 
     [project.entry-points."mstar.plugin_api"]
-    "1.1" = "mstar_toy"
+    "1.1" = "mstar_mymodel"
 
 Each entry ``"X.Y"`` means the range ``~=X.Y`` (``>=X.Y, <X+1``): written against X.Y, the
 plugin runs on X.Y and on every later X minor. Several entries add up (``"1.3"`` and
