@@ -9,6 +9,7 @@ import torch
 from mstar.model.submodule_base import (
     STOP_ALL,
     BatchedModelOutput,
+    BatchedStopCheck,
     CurrentForwardPassInfo,
     ModelInputsFromEngine,
     NodeInputs,
@@ -138,7 +139,9 @@ class PredictorNode(NodeSubmodule):
                             "last": torch.tensor(last[b])}
         return BatchedModelOutput(per_rid_outputs=per_rid)
 
-    def check_stop(self, request_id: str, info: CurrentForwardPassInfo, outputs: Mapping[str, torch.Tensor]) -> StopCheck:
-        if "last" in outputs and bool(outputs["last"]):
-            return StopCheck(frozenset({STOP_ALL}), reason="stop")
-        return StopCheck()
+    def check_stop_batched(self, request_ids: list[str], infos: list[CurrentForwardPassInfo],
+                           outputs: BatchedModelOutput) -> BatchedStopCheck:
+        """An anticipation ends after the row marked ``last``."""
+        end = StopCheck(frozenset({STOP_ALL}), reason="stop")
+        return BatchedStopCheck({rid: end for rid in request_ids
+                                 if "last" in outputs.per_rid_outputs.get(rid, {}) and bool(outputs.per_rid_outputs[rid]["last"])})

@@ -31,6 +31,7 @@ from mstar.model.precision import DTYPE_NAMES
 @click.option("--shm-threshold", default=None, type=int, hidden=True, help="Tensors of at least this many bytes go through shared memory.")
 @click.option("--device", default="cpu", show_default=True, help="Device of the default placement's groups.")
 @click.option("--dtype", default=None, type=click.Choice(sorted(DTYPE_NAMES), case_sensitive=False), help="Weights and activations: auto (default: the checkpoint's dtype on accelerators, float32 on CPU), bfloat16, float16 or float32, on any device. Nodes the plugin keeps in float32 (codecs) stay so.")
+@click.option("--prefix-caching/--no-prefix-caching", default=None, help="Share cached prompt prefixes between requests on every KV node (EngineConfig.prefix_caching; default off).")
 @click.option("--restart-engines/--no-restart-engines", default=True, show_default=True, help="Restart a dead engine process (back-off 1 s doubling to 30 s).")
 @click.option("--max-engine-restarts", default=5, show_default=True, type=click.IntRange(min=0), help="Restarts per engine within --engine-restart-window; one more death and it stays down.")
 @click.option("--engine-restart-window", default=600.0, show_default=True, type=click.FloatRange(min=0), help="Seconds over which --max-engine-restarts counts (0: over the server's whole life).")
@@ -54,7 +55,8 @@ def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | N
           body_timeout: float, max_connections: int, shutdown_timeout: float, max_stream_buffer_bytes: int, log_level: str,
           max_stream_buffer_total_bytes: int = 256 << 20,
           placement_backend: str = "local", ray_address: str | None = None,
-          voices_dir: str | None = None, voice_max_bytes: int = 10 << 20, voice_max_seconds: float = 30.0) -> None:
+          voices_dir: str | None = None, voice_max_bytes: int = 10 << 20, voice_max_seconds: float = 30.0,
+          prefix_caching: bool | None = None) -> None:
     """Serve MODEL over HTTP with an OpenAI-compatible API.
 
     MODEL is an installed model's name or alias (then give --weights or --random-weights),
@@ -90,6 +92,8 @@ def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | N
     )
     if dtype is not None:  # --dtype wins over --engine-option dtype=...
         config.engine_options["dtype"] = dtype.lower()
+    if prefix_caching is not None:
+        config.engine_options["prefix_caching"] = prefix_caching
     if preprocess_workers is not None:
         config.preprocess_workers = preprocess_workers
     if shm_threshold is not None:

@@ -16,6 +16,7 @@ from mstar.engine.core import EngineCore, SchedulerConfig
 from mstar.engine.executors import LoadedNode
 from mstar.engine.mixed_batches import validate_mixed_batches
 from mstar.engine.piecewise import PiecewiseRunner
+from mstar.engine.stop_rules import StopRule
 from mstar.graph import EngineKind, GraphSpec
 from mstar.kv import KVCacheManager
 from mstar.layers.packed_linear import pack_linears
@@ -48,6 +49,8 @@ class EngineConfig:
     # on CPU), "bfloat16", "float16" or "float32"; ModelSpec.float32_nodes always float32.
     dtype: str = "auto"
     nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all
+    # KV nodes share cached prompt prefixes between requests (mstar.kv.prefix_cache).
+    prefix_caching: bool = False
 
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -140,6 +143,7 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
                 block_size=engine_config.block_size,
                 dtype=layout.dtype or dtypes[name],
                 device=device,
+                prefix_caching=engine_config.prefix_caching,
             )
             node.attention = create_backend(node.kv, engine_config.attention_backend)
         decl = node_samplers.get(name)
@@ -148,6 +152,8 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
             vocab = {"main": decl.vocab_size, **{k: decl.aux_vocab_sizes.get(k, decl.vocab_size) for k in decl.aux}}
             node.sampler = MultiSampler(defaults, vocab, engine_config.max_num_seqs, device)
             node.sampler_decl = decl
+            max_len = node.max_model_len if node.kind is EngineKind.KV_CACHE else None
+            node.stop_rule = StopRule(decl, engine_config.max_num_seqs, max_len)
         if engine_config.piecewise_graphs:
             configs = hook.mstar_piecewise_graph_configs(model_name=spec.name, node=name, submodule=sub) or {}
             node.piecewise = {label: PiecewiseRunner(cfg) for label, cfg in configs.items()}

@@ -20,7 +20,6 @@ from mstar.engine.overlap import OverlapWorker
 from mstar.engine.request import Request, RequestOutput, RequestStatus, step_key
 from mstar.engine.scheduler import EngineStats, Scheduler, SchedulerConfig
 from mstar.engine.scheduling_policy import SchedulingPolicy
-from mstar.engine.stop_rules import merge as merge_stop_checks
 from mstar.engine.stream_buffer import StreamBuffer
 from mstar.engine.walk_cursor import WalkCursor
 from mstar.graph import EngineKind, GraphSpec
@@ -29,6 +28,7 @@ from mstar.model.spec import MixedBatchConfig
 from mstar.model.submodule_base import STOP_ALL, StopCheck
 
 log = logging.getLogger(__name__)
+_GO_ON = StopCheck()
 
 __all__ = ["EngineCore", "EngineStats", "SchedulerConfig"]
 
@@ -49,6 +49,7 @@ class EngineCore:
         self.stats = EngineStats()
         self.scheduler = Scheduler(graph, nodes, self.config, mixed_batch_configs, policy, self.stats, self)
         self._outputs: list[RequestOutput] = []
+        self._cursor_ended: dict[str, Request] = {}  # requests with a cursor done since the last step
         self._stream_producers = self._find_stream_producers()
         self._walk_signals = {
             w: {o for st in iter_steps(walk.body) for o in st.outputs} for w, walk in graph.walks.items()
@@ -151,10 +152,13 @@ class EngineCore:
                 prompt = req.inputs[node.sampler_decl.prompt_signal].reshape(-1).tolist()
             node.sampler.add_request(slot, cfg, prompt or (), list(node.sampler_decl.stop_token_ids))
             req.slots[node_name] = slot
+            if node.stop_rule is not None:
+                node.stop_rule.add(slot, cfg.main if cfg is not None else None)
         for partition in self.local_partitions:
             req.cursors[partition] = WalkCursor(
                 self.graph, partition, req.kwargs, lambda s, r=req: r.streams[s].drained
             )
+        self._cursor_ended[req.id] = req  # a request may have no step to run here
         self._close_finished_streams(req)
 
     # ---- running a group ------------------------------------------------------------
@@ -262,6 +266,10 @@ class EngineCore:
             req.kv_history.setdefault(node.name, KVHistory()).record(
                 row.walk, row.prepared.info, row.prepared.inputs, start, start + row.num_tokens  # type: ignore[arg-type]
             )
+            if node.kv.prefix_cache is not None:
+                keys = row.prepared.cache_keys
+                fed = None if keys is None else keys[start : start + row.num_tokens]
+                node.kv.note_fed(req.id, "main", row.prepared.info.num_computed_tokens, fed)
             row.prepared.done += row.num_tokens
             if not row.completes:
                 return
@@ -270,16 +278,12 @@ class EngineCore:
         req.ready_since.pop(key, None)
         for stream, end in row.prepared.stream_ends.items():
             req.streams[stream].consume(end)
-        info = row.prepared.info
         try:
-            node.submodule.postprocess(req.id, info, outputs)
-            check = row.stop_check if row.stop_check is not None else node.submodule.check_stop(req.id, info, outputs)
+            node.submodule.postprocess(req.id, row.prepared.info, outputs)
         except Exception as exc:
             self.fail(req, exc, "internal")
             return
-        if not isinstance(check, StopCheck):
-            check = StopCheck(frozenset(check))
-        check = merge_stop_checks(row.core_stop, check)
+        check = row.stop or _GO_ON
         req.num_generated[node.name] = req.num_generated.get(node.name, 0) + 1
         self.stats.walks_completed.add(row.walk)
         routed = [name for name in row.step.outputs if name in outputs and name not in check.withheld]
@@ -321,6 +325,7 @@ class EngineCore:
                 if sig is not None and not sig.persist:
                     req.signals.pop(name, None)
         if cursor.done:
+            self._cursor_ended[req.id] = req
             self._close_finished_streams(req)
 
     def stop_partition(self, req: Request, partition: str) -> None:
@@ -353,8 +358,10 @@ class EngineCore:
 
     # ---- leaving --------------------------------------------------------------------
     def _finish_done_requests(self) -> None:
-        for req in list(self.running.values()):
-            if all(c.done for c in req.cursors.values()):
+        # Only requests a cursor of which ended since the last look can have finished.
+        ended, self._cursor_ended = self._cursor_ended, {}
+        for req in ended.values():
+            if req.status is RequestStatus.RUNNING and all(c.done for c in req.cursors.values()):
                 self._emit(RequestOutput(req.id, finished=True, finish_reason=req.finish_reason or "stop"))
                 self._release(req)
 
@@ -388,6 +395,8 @@ class EngineCore:
                 node.kv.free_request(req.id)
             if node.sampler is not None and node.name in req.slots:
                 node.sampler.remove_request(req.slots[node.name])
+                if node.stop_rule is not None:
+                    node.stop_rule.remove(req.slots[node.name])
             node.submodule.cleanup_request(req.id)
         req.states.clear()
         req.prepared.clear()

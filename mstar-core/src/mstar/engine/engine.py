@@ -193,11 +193,7 @@ class Engine:
                 "preemptions": core.stats.preemptions,
                 "requests": self._requests_added,
                 "last_batch_size": core.stats.last_batch_size,
-                "kv": {
-                    name: {"used_blocks": n.kv.num_used_blocks, "total_blocks": n.kv.num_blocks}
-                    for name, n in core.nodes.items()
-                    if n.kv is not None
-                },
+                "kv": {name: _kv_stats(n.kv) for name, n in core.nodes.items() if n.kv is not None},
             }
 
     def add_step_listener(self, fn: Any) -> None:
@@ -392,3 +388,12 @@ class _AsyncSink:
         if self.loop.is_closed():
             raise RuntimeError("the consumer's event loop is closed")
         self.loop.call_soon_threadsafe(self.aq.put_nowait, out)
+
+
+def _kv_stats(kv: Any) -> dict[str, int]:
+    out = {"used_blocks": kv.num_used_blocks, "total_blocks": kv.num_blocks}
+    cache = kv.prefix_cache
+    if cache is not None:
+        out.update(cached_blocks=cache.num_cached, prefix_queried_tokens=cache.queried_tokens,
+                   prefix_hit_tokens=cache.hit_tokens, prefix_evictions=cache.evictions)
+    return out

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mstar.attention import AttentionBatch
-from mstar.engine.stop_rules import core_stop_checks
+from mstar.engine.stop_rules import StopRule, merge
 from mstar.graph import EngineKind, Step
 from mstar.model.spec import NodeSamplers
 from mstar.model.submodule_base import (
@@ -43,8 +43,7 @@ class Row:
     num_tokens: int
     replay: bool
     completes: bool
-    stop_check: StopCheck | None = None  # the plugin's check_stop_batched answer
-    core_stop: StopCheck | None = None  # core's stop rules (sampling nodes)
+    stop: StopCheck | None = None  # the step's stop (core's rule merged with the plugin's)
     logits: torch.Tensor | None = None  # [V] main logits, for a request with return_logits
 
 
@@ -64,6 +63,7 @@ class LoadedNode:
     attention: Any = None
     sampler: Any = None  # MultiSampler
     sampler_decl: NodeSamplers | None = None
+    stop_rule: StopRule | None = None  # sampling nodes: core's stop rule over their slots
     piecewise: dict[str, PiecewiseRunner] = field(default_factory=dict)
     executor: NodeExecutor = field(init=False)
 
@@ -113,34 +113,38 @@ class NodeExecutor:
             out = BatchedModelOutput()
             forward_out = sub.forward_batched(walk, engine_inputs, **kwargs)
             out = forward_out if isinstance(forward_out, BatchedModelOutput) else BatchedModelOutput(per_rid_outputs=forward_out)
-        idx = {r.req.id: i for i, r in enumerate(rows)}
-        done = [r for r in rows if r.completes]
-        if done and engine_inputs.sampler is not None:
-            self._apply_stop_rules(done, [idx[r.req.id] for r in done], engine_inputs.sampler)
-            kept = engine_inputs.sampler.last_main_logits
-            if kept is not None:
-                for r in done:
-                    if r.req.kwargs.get(RETURN_LOGITS):
-                        r.logits = kept[idx[r.req.id]].float()
+        done = [i for i, r in enumerate(rows) if r.completes]
         if done:
-            # The stop check sees only the rows whose step completed this forward.
-            view = out if len(done) == len(rows) else out.select([idx[r.req.id] for r in done])
-            batched = sub.check_stop_batched([r.req.id for r in done], [r.prepared.info for r in done], view)
-            if batched is not None:
-                for r in done:
-                    r.stop_check = batched.checks.get(r.req.id, StopCheck())
+            self._stops([rows[i] for i in done], done, len(rows), out, engine_inputs.sampler)
         return out.by_request([r.req.id for r in rows])
 
-    def _apply_stop_rules(self, done: list[Row], positions: list[int], sampler: Any) -> None:
-        drawn = sampler.last_main_tokens
-        if drawn is None:
-            return
-        decl = self.node.sampler_decl
-        assert decl is not None
-        tokens = drawn.index_select(0, torch.tensor(positions, device=drawn.device)).tolist()
-        checks = core_stop_checks([r.prepared.info for r in done], tokens, decl, [r.step.outputs for r in done])
-        for r, check in zip(done, checks, strict=True):
-            r.core_stop = check
+    def _stops(self, done: list[Row], positions: list[int], total: int, out: BatchedModelOutput, sampler: Any) -> None:
+        """Each completed row's stop: core's rule on the drawn tokens (sampling nodes) and the
+        plugin's ``check_stop_batched``, once for the batch. Also the kept logits of rows
+        that asked for them."""
+        view = out if len(done) == total else out.select(positions)
+        plugin = self.node.submodule.check_stop_batched([r.req.id for r in done], [r.prepared.info for r in done], view)
+        checks = plugin.checks if plugin is not None else {}
+        core: list[StopCheck | None] = [None] * len(done)
+        rule = self.node.stop_rule
+        if sampler is not None and rule is not None and sampler.last_main_tokens is not None:
+            drawn = sampler.last_main_tokens
+            if len(done) != total:
+                drawn = drawn.index_select(0, torch.tensor(positions, device=drawn.device))
+            kv = self.node.kv
+            core = rule.apply(
+                [r.req.slots[self.node.name] for r in done],
+                drawn.cpu().numpy(),
+                [kv.num_tokens(r.req.id, "main") if kv is not None else 0 for r in done],
+                [r.step.outputs for r in done],
+            )
+            kept = sampler.last_main_logits
+            if kept is not None:
+                for r, i in zip(done, positions, strict=True):
+                    if r.req.kwargs.get(RETURN_LOGITS):
+                        r.logits = kept[i].float()
+        for r, c in zip(done, core, strict=True):
+            r.stop = merge(c, checks.get(r.req.id))
 
     def _engine_inputs(self, rows: list[Row]) -> ModelInputsFromEngine:
         return ModelInputsFromEngine(
@@ -166,10 +170,13 @@ class KVNodeExecutor(NodeExecutor):
         ei = super()._engine_inputs(rows)
         sub = node.submodule
         assert isinstance(sub, ARNodeSubmodule)
-        masks = [
-            sub.attention_mask(r.walk, r.prepared.info, r.num_tokens, node.kv.num_tokens(r.req.id, "main"))
-            for r in rows
-        ]
+        if type(sub).attention_mask is ARNodeSubmodule.attention_mask:  # causal everywhere
+            masks: list[torch.Tensor | None] = [None] * len(rows)
+        else:
+            masks = [
+                sub.attention_mask(r.walk, r.prepared.info, r.num_tokens, node.kv.num_tokens(r.req.id, "main"))
+                for r in rows
+            ]
         batch = AttentionBatch.build(
             [(r.req.id, "main", r.num_tokens, True, m) for r, m in zip(rows, masks, strict=True)],
             node.kv, node.device,

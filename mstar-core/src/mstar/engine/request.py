@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,8 @@ class PreparedStep:
     inputs: NodeInputs
     info: CurrentForwardPassInfo
     stream_ends: dict[str, int] = field(default_factory=dict)  # stream signal -> consumed end
+    # Prefix caching: the identity of each position of ``inputs`` (None: not shareable).
+    cache_keys: Sequence[Hashable] | None = None
 
     @property
     def total(self) -> int:

@@ -12,14 +12,16 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 import torch
 
 from mstar.engine.errors import classify_error
 from mstar.engine.executors import LoadedNode, Row
+from mstar.engine.kv_history import KVHistory
 from mstar.engine.request import PreparedStep, Request, RequestStatus, step_key
 from mstar.engine.scheduling_policy import FairOldestFirst, SchedulingPolicy
 from mstar.engine.walk_cursor import WalkCursor
@@ -48,6 +50,7 @@ class EngineStats:
     preemptions: int = 0
     last_batch_size: int = 0
     walks_completed: set[str] = field(default_factory=set)
+    prefix_hit_tokens: int = 0  # prompt positions taken from the prefix cache, not computed
 
 
 @dataclass
@@ -233,7 +236,9 @@ class Scheduler:
         if prepared is not None:
             return prepared
         cursor = r.req.cursors[r.partition]
-        signals = dict(r.req.signals)
+        # A step's stream chunks join the request's signals in a copy; without any (most
+        # steps) the plugin reads the signals themselves, through a read-only view.
+        chunked: dict[str, torch.Tensor] = {}
         ends: dict[str, int] = {}
         for name in r.step.inputs:
             stream = self._chunk_inputs.get(name)
@@ -241,14 +246,17 @@ class Scheduler:
                 chunk = r.req.streams[stream].next_chunk()
                 assert chunk is not None
                 window, context, end = chunk
-                signals[name] = window
+                chunked[name] = window
                 ends[stream] = end
                 edge = self.graph.signals[stream].stream
                 assert edge is not None
                 if edge.context_signal:
-                    signals[edge.context_signal] = torch.tensor(context)
+                    chunked[edge.context_signal] = torch.tensor(context)
                 if edge.past_end_signal and r.req.streams[stream].is_past_end:
-                    signals[edge.past_end_signal] = torch.tensor(r.req.streams[stream].past_end)
+                    chunked[edge.past_end_signal] = torch.tensor(r.req.streams[stream].past_end)
+        signals: Mapping[str, torch.Tensor] = (
+            {**r.req.signals, **chunked} if chunked else MappingProxyType(r.req.signals)
+        )
         main = r.req.sampling.get(node.name)
         info = CurrentForwardPassInfo(
             request_id=r.req.id,
@@ -262,6 +270,8 @@ class Scheduler:
         inputs = node.submodule.prepare_inputs(r.walk, info, signals)
         inputs.graph_walk = r.walk
         prepared = PreparedStep(inputs, info, ends)
+        if node.kv is not None and node.kv.prefix_cache is not None:
+            prepared.cache_keys = node.submodule.prefix_cache_keys(r.walk, info, inputs)  # type: ignore[attr-defined]
         r.req.prepared[key] = prepared
         return prepared
 
@@ -277,6 +287,8 @@ class Scheduler:
             history = req.kv_history[node.name]
             start, total = cached, history.length
         else:
+            if cached == 0 and prepared.done == 0 and prepared.cache_keys is not None:
+                cached = self._map_cached_prefix(node, r, prepared)
             start, total = prepared.done, prepared.total
         remaining = total - start
         n = min(remaining, budget) if self.config.chunked_prefill else remaining
@@ -314,6 +326,23 @@ class Scheduler:
         prepared.info.is_last_chunk = completes
         return Row(req, r.partition, r.step, r.walk, prepared, chunk, n, replay, completes)
 
+
+    def _map_cached_prefix(self, node: LoadedNode, r: ReadyStep, prepared: PreparedStep) -> int:
+        """A request's first step on a node with prefix caching: the cached blocks of its
+        longest cached prefix become its own (shared), and only the rest is computed. At
+        least one position is left to compute, as the step's outputs need its forward."""
+        assert node.kv is not None and prepared.cache_keys is not None
+        if node.submodule.chunk_unit() > 1:  # type: ignore[attr-defined]
+            return 0  # whole blocks need not end on the node's chunk unit
+        hit = node.kv.map_prefix(r.req.id, "main", prepared.cache_keys, prepared.total - 1)
+        if hit:
+            prepared.done = hit
+            # A preempted request recomputes these positions from its history like the rest.
+            r.req.kv_history.setdefault(node.name, KVHistory()).record(
+                r.walk, prepared.info, prepared.inputs, 0, hit  # type: ignore[arg-type]
+            )
+            self.stats.prefix_hit_tokens += hit
+        return hit
 
     def _reserve(self, node: LoadedNode, req: Request, n: int, rows: list[Row]) -> bool:
         assert node.kv is not None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from mstar.kv.block_pool import BlockPool
+from mstar.kv.prefix_cache import ROOT, BlockKey, PrefixCache, block_key
 
 DEFAULT_STREAM = "main"
 
@@ -20,6 +21,11 @@ AppendRow = tuple[RequestId, str, int]
 class _Stream:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
+    # Prefix caching: the keys of the full blocks fed so far, the identities of the
+    # positions fed since the last full block, and whether every position had one.
+    keys: list[BlockKey] = field(default_factory=list)
+    pending: list[Hashable] = field(default_factory=list)
+    cacheable: bool = True
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -33,6 +39,11 @@ class KVCacheManager:
     num_kv_heads, head_dim]``, so a flashinfer backend can use the tensors as they are.
     A request may own several independent cache streams (e.g. guidance branches); each
     stream has its own block table. A stream nobody appended to reads as empty.
+
+    With ``prefix_caching``, full blocks are indexed by the positions they hold
+    (``mstar.kv.prefix_cache``): ``map_prefix`` gives a new stream the longest cached
+    prefix of its positions, shared, and ``note_fed`` indexes blocks once they are written.
+    Freed cached blocks stay until their space is needed; they count as free.
     """
 
     def __init__(
@@ -44,6 +55,7 @@ class KVCacheManager:
         num_blocks: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        prefix_caching: bool = False,
     ) -> None:
         for name, value in (
             ("num_layers", num_layers),
@@ -61,6 +73,7 @@ class KVCacheManager:
         self.dtype = dtype
         self.device = torch.device(device)
         self._pool = BlockPool(num_blocks)
+        self.prefix_cache = PrefixCache(self._pool) if prefix_caching else None
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zeroed, not empty: attention gathers padding slots and masks them out, and
         # masked-out garbage that happens to be NaN would still poison the output (0 * NaN).
@@ -89,6 +102,7 @@ class KVCacheManager:
         block_size: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        prefix_caching: bool = False,
     ) -> KVCacheManager:
         """As many blocks as fit in ``budget_bytes``."""
         per_block = cls.bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype)
@@ -100,7 +114,7 @@ class KVCacheManager:
                 f"(2 x {num_layers} layers x {num_kv_heads} kv heads x {head_dim} head_dim "
                 f"x {block_size} tokens x {dtype})"
             )
-        return cls(num_layers, num_kv_heads, head_dim, block_size, num_blocks, dtype, device)
+        return cls(num_layers, num_kv_heads, head_dim, block_size, num_blocks, dtype, device, prefix_caching)
 
     # ---- storage -------------------------------------------------------------------------
 
@@ -133,16 +147,24 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return self._pool.num_free
+        """Blocks a request can get: free ones and cached ones nobody references."""
+        cached = self.prefix_cache.num_evictable if self.prefix_cache is not None else 0
+        return self._pool.num_free + cached
 
     @property
     def num_used_blocks(self) -> int:
-        return self._pool.num_used
+        """Blocks some request holds."""
+        return self._pool.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks in the prefix index (held or not)."""
+        return self.prefix_cache.num_cached if self.prefix_cache is not None else 0
 
     @property
     def usage(self) -> float:
         """Fraction of blocks in use, 0.0 .. 1.0."""
-        return self._pool.num_used / self._pool.num_blocks
+        return self.num_used_blocks / self._pool.num_blocks
 
     # ---- block tables --------------------------------------------------------------------
 
@@ -181,7 +203,7 @@ class KVCacheManager:
             key = (request_id, stream)
             growth[key] = growth.get(key, 0) + n_new
         needed = sum(self.blocks_needed(rid, s, n) for (rid, s), n in growth.items())
-        return needed <= self._pool.num_free
+        return needed <= self.num_free_blocks
 
     def append(self, request_id: RequestId, stream: str, n_new: int) -> bool:
         """Grow the stream by ``n_new`` tokens, reserving blocks as needed.
@@ -189,7 +211,8 @@ class KVCacheManager:
         Returns False and changes nothing when the pool cannot cover the growth.
         """
         needed = self.blocks_needed(request_id, stream, n_new)
-        new_blocks = self._pool.allocate(needed)
+        cache = self.prefix_cache
+        new_blocks = self._pool.allocate(needed) if cache is None else cache.allocate(needed)
         if new_blocks is None:
             return False
         state = self._streams.setdefault(request_id, {}).setdefault(stream, _Stream())
@@ -202,7 +225,7 @@ class KVCacheManager:
         streams = self._streams.get(request_id)
         if streams is None or stream not in streams:
             return
-        self._pool.free(streams.pop(stream).blocks)
+        self._release(streams.pop(stream).blocks)
         if not streams:
             del self._streams[request_id]
 
@@ -212,7 +235,58 @@ class KVCacheManager:
         if streams is None:
             return
         for state in streams.values():
-            self._pool.free(state.blocks)
+            self._release(state.blocks)
+
+    def _release(self, blocks: list[int]) -> None:
+        if self.prefix_cache is None:
+            self._pool.free(blocks)
+        else:
+            self.prefix_cache.release(blocks)
+
+    # ---- prefix caching --------------------------------------------------------------------
+
+    def map_prefix(
+        self, request_id: RequestId, stream: str, identities: Sequence[Hashable], limit: int
+    ) -> int:
+        """Give an empty stream the cached blocks of the longest cached prefix of
+        ``identities`` (one per position), at most ``limit`` positions, in whole blocks; the
+        number of positions it now holds (0 without prefix caching or a hit)."""
+        cache = self.prefix_cache
+        if cache is None or self.num_tokens(request_id, stream):
+            return 0
+        bs = self.block_size
+        keys: list[BlockKey] = []
+        parent = ROOT
+        for b in range(min(len(identities), limit) // bs):
+            parent = block_key(parent, identities[b * bs : (b + 1) * bs])
+            keys.append(parent)
+        blocks = cache.lookup(keys)
+        cache.queried_tokens += len(identities)
+        cache.hit_tokens += len(blocks) * bs
+        if blocks:
+            state = self._streams.setdefault(request_id, {}).setdefault(stream, _Stream())
+            state.blocks, state.num_tokens, state.keys = blocks, len(blocks) * bs, keys[: len(blocks)]
+        return len(blocks) * bs
+
+    def note_fed(
+        self, request_id: RequestId, stream: str, start: int, identities: Sequence[Hashable] | None
+    ) -> None:
+        """Positions ``start ..`` of the stream were written, with these identities (None:
+        they have none, so nothing from here on can be shared); full blocks enter the index."""
+        state = self._lookup(request_id, stream)
+        if self.prefix_cache is None or state is None or not state.cacheable:
+            return
+        bs = self.block_size
+        if identities is None or start != len(state.keys) * bs + len(state.pending):
+            state.cacheable = False  # e.g. a cache recomputed after preemption
+            state.pending = []
+            return
+        state.pending.extend(identities)
+        while len(state.pending) >= bs:
+            key = block_key(state.keys[-1] if state.keys else ROOT, state.pending[:bs])
+            self.prefix_cache.register(state.blocks[len(state.keys)], key)
+            state.keys.append(key)
+            del state.pending[:bs]
 
     def _lookup(self, request_id: RequestId, stream: str) -> _Stream | None:
         return self._streams.get(request_id, {}).get(stream)

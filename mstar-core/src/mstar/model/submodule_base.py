@@ -10,7 +10,7 @@ and ``check_stop`` (or ``check_stop_batched`` once for the batch).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
@@ -236,7 +236,8 @@ class NodeSubmodule(nn.Module, ABC):
     def check_stop(
         self, request_id: str, info: CurrentForwardPassInfo, outputs: Mapping[str, torch.Tensor]
     ) -> set[str] | StopCheck:
-        """Loops to stop after this step (may read tensor values). Default none."""
+        """One row's model-specific stop (may read tensor values): a convenience that the
+        default ``check_stop_batched`` calls per row when a plugin overrides it. Default none."""
         return set()
 
     def check_stop_batched(
@@ -245,8 +246,21 @@ class NodeSubmodule(nn.Module, ABC):
         infos: list[CurrentForwardPassInfo],
         outputs: BatchedModelOutput,
     ) -> BatchedStopCheck | None:
-        """The whole batch at once; None falls back to per-row ``check_stop``."""
-        return None
+        """The engine's one stop hook: model-specific stops of the rows whose step completed
+        this forward (``outputs`` holds just those rows), added to core's stop rule
+        (``mstar.engine.stop_rules``). Default: per-row ``check_stop`` where a plugin
+        overrides it, else none (None: no row stops)."""
+        if type(self).check_stop is NodeSubmodule.check_stop:
+            return None
+        per_row = outputs.by_request(request_ids)
+        checks = {}
+        for rid, info in zip(request_ids, infos, strict=True):
+            check = self.check_stop(rid, info, per_row[rid])
+            if not isinstance(check, StopCheck):
+                check = StopCheck(frozenset(check))
+            if check != StopCheck():
+                checks[rid] = check
+        return BatchedStopCheck(checks)
 
     def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
         return True
@@ -300,6 +314,26 @@ class ARNodeSubmodule(NodeSubmodule):
         new tokens are its last ``query_len`` positions). E.g. frame-causal attention of a
         world model that adds a frame of many tokens per step."""
         return None
+
+    def prefix_cache_keys(
+        self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs
+    ) -> Sequence[Hashable] | None:
+        """Prefix caching (``EngineConfig.prefix_caching``): one identity per position of this
+        step's inputs, such that the same identities at the same positions after the same
+        prefix give the same K/V; None: these positions (and all after them) are never
+        shared. Default: the token ids when the inputs are plain ids (no embeddings, custom
+        positions, tensor inputs or kwargs), else None. Override to name what else a
+        position's K/V depends on (e.g. a media item's content hash for its embedding
+        rows, a speaker embedding's hash), or return None to opt the node out."""
+        if (
+            inputs.input_ids is None
+            or inputs.input_embeds is not None
+            or inputs.custom_pos_ids is not None
+            or inputs.tensor_inputs
+            or inputs.kwargs
+        ):
+            return None
+        return inputs.input_ids.reshape(-1).tolist()
 
     def chunk_unit(self) -> int:
         """Chunked prefill and cache recompute end every chunk on a multiple of this many

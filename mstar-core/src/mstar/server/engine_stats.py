@@ -17,7 +17,11 @@ from mstar.server.messages import EngineStats, NodeKV, Stats
 def engine_stats(engine: Any) -> EngineStats:
     """One consistent snapshot of ``engine`` (an ``mstar.Engine``) for the wire."""
     s = engine.stats()
-    kv = [NodeKV(node, v["used_blocks"], v["total_blocks"]) for node, v in s["kv"].items()]
+    kv = [
+        NodeKV(node, v["used_blocks"], v["total_blocks"], v.get("cached_blocks", 0), v.get("prefix_queried_tokens", 0),
+               v.get("prefix_hit_tokens", 0), v.get("prefix_evictions", 0))
+        for node, v in s["kv"].items()
+    ]
     # The last batch's size means nothing once nothing runs.
     batch = s["last_batch_size"] if s["running"] else 0
     return EngineStats(s["waiting"], s["running"], batch, kv, s["steps"], s["preemptions"], s["requests"])

@@ -77,6 +77,12 @@ class NodeKV(msgspec.Struct, array_like=True):
     node: str
     used_blocks: int
     total_blocks: int
+    # Prefix caching (zeros without it): blocks in the prefix index, prompt positions looked
+    # up and found there, and cached blocks evicted, since the engine started.
+    cached_blocks: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_evictions: int = 0
 
 
 class EngineStats(msgspec.Struct, array_like=True):

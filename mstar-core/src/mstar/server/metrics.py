@@ -34,6 +34,10 @@ class MetricFamilies:
         self.batch_size = Gauge("mstar_running_batch_size", "Rows in the engine's latest forward", e, registry=r)
         self.kv_used = Gauge("mstar_kv_blocks_used", "KV-cache blocks in use", [*e, "node"], registry=r)
         self.kv_total = Gauge("mstar_kv_blocks_total", "KV-cache blocks in the pool", [*e, "node"], registry=r)
+        self.kv_cached = Gauge("mstar_prefix_cache_blocks", "KV-cache blocks in the prefix index (held or evictable)", [*e, "node"], registry=r)
+        self.prefix_queried = Gauge("mstar_prefix_cache_queried_tokens", "Prompt positions looked up in the prefix cache since the engine started", [*e, "node"], registry=r)
+        self.prefix_hits = Gauge("mstar_prefix_cache_hit_tokens", "Prompt positions found in the prefix cache (not computed) since the engine started", [*e, "node"], registry=r)
+        self.prefix_evictions = Gauge("mstar_prefix_cache_evictions", "Cached blocks evicted for space since the engine started", [*e, "node"], registry=r)
         self.preemptions = Gauge("mstar_engine_preemptions", "Requests preempted (KV cache taken back) since the engine started", e, registry=r)
         self.engine_up = Gauge("mstar_engine_up", "1 while the engine process is alive", e, registry=r)
         self.engine_requests = Gauge("mstar_engine_requests", "Requests the engine process took in since it started", e, registry=r)
@@ -77,6 +81,10 @@ class ServerMetrics:
         self.batch_size = _ForModel(f.batch_size, model)
         self.kv_used = _ForModel(f.kv_used, model)
         self.kv_total = _ForModel(f.kv_total, model)
+        self.kv_cached = _ForModel(f.kv_cached, model)
+        self.prefix_queried = _ForModel(f.prefix_queried, model)
+        self.prefix_hits = _ForModel(f.prefix_hits, model)
+        self.prefix_evictions = _ForModel(f.prefix_evictions, model)
         self.preemptions = _ForModel(f.preemptions, model)
         self.engine_up = _ForModel(f.engine_up, model)
         self.engine_requests = _ForModel(f.engine_requests, model)
@@ -97,6 +105,10 @@ class ServerMetrics:
         for kv in stats.kv:
             self.kv_used.labels(engine, replica, kv.node).set(kv.used_blocks)
             self.kv_total.labels(engine, replica, kv.node).set(kv.total_blocks)
+            self.kv_cached.labels(engine, replica, kv.node).set(kv.cached_blocks)
+            self.prefix_queried.labels(engine, replica, kv.node).set(kv.prefix_queried_tokens)
+            self.prefix_hits.labels(engine, replica, kv.node).set(kv.prefix_hit_tokens)
+            self.prefix_evictions.labels(engine, replica, kv.node).set(kv.prefix_evictions)
         self._engine_waiting[f"{engine}/{replica}"] = stats.waiting
         self._update_queue()
 

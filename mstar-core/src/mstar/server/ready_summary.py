@@ -27,6 +27,8 @@ def ready_summary(runtime: Any, url: str) -> str:
         for g in runtime.placement.groups
     )
     kv = ", ".join(f"{node} {tokens:,} tokens" for node, tokens in kv_capacity_tokens(runtime).items()) or "none"
+    if kv != "none" and runtime.config.engine_options.get("prefix_caching"):
+        kv += " (prefix caching on)"
     return (
         f"mstar serve ready: model {model} [{installed.distribution} {installed.version}] from {runtime.checkpoint_dir} | "
         f"placement {groups} | KV capacity {kv} | {url}"

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -152,6 +153,7 @@ class ServerRuntime:
                     "group": self._slots[name].group,
                     "replica": self._slots[name].replica,
                     **({"error": e.down_reason} if e.down_reason else {}),
+                    **({"kv": {kv.node: msgspec.structs.asdict(kv) for kv in e.stats.kv}} if e.stats is not None else {}),
                     **self.supervisor.describe(name),
                 }
                 for name, e in self.engines.items()
