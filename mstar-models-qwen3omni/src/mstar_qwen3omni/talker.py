@@ -28,8 +28,9 @@ Signals (one row = one request):
   (the Thinker's stream has ended) with ``thinker_text_ended`` = k means ``tts_eos`` for
   k = 0, ``tts_pad`` after; the node holds those Thinker embeddings (``tts_embeds``).
 
-``TalkerLM.hidden_states`` runs the same decoder outside the engine on a ``DenseKVCache``.
-Module names follow the checkpoint's ``talker.*`` keys.
+The network is ``talker_lm.TalkerLM`` (module names follow the checkpoint's ``talker.*``
+keys); ``TalkerLM.hidden_states`` runs the same decoder outside the engine on a
+``DenseKVCache``.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mstar.layers import PagedSelfAttention, RMSNorm
-from mstar.layers.mlp import ACTIVATIONS
 from mstar.model.submodule_base import (
     STOP_ALL,
     ARNodeInputs,
@@ -53,112 +52,25 @@ from mstar.model.submodule_base import (
 )
 from torch import nn
 
-from mstar_qwen3omni.code_predictor import CodePredictor
 from mstar_qwen3omni.config import MultimodalTokens
-from mstar_qwen3omni.mrope import MRotaryEmbedding
 from mstar_qwen3omni.talker_config import TalkerConfig
-from mstar_qwen3omni.talker_moe import SharedExpertMoeBlock
+from mstar_qwen3omni.talker_lm import CODES, FRAME_EMBED, TalkerLM
+from mstar_qwen3omni.talker_prompt import build_talker_prompt, talker_positions
 
 PIECEWISE_LABEL = "code_predictor"
 PREFILL = "prefill"
 PROMPT_EMBEDS, POSITIONS = "talker_prompt_embeds", "talker_positions"
-FRAME_EMBED, TEXT_EMBED = "frame_embed", "thinker_text_embed"
+TEXT_EMBED = "thinker_text_embed"
 PROMPT_ROWS, TEXT_ENDED = "talker_prompt_rows", "thinker_text_ended"
 THINKER_PROMPT = "prompt_ids"  # the request's Thinker prompt
 VOICE = "voice"  # request kwarg
 SILENT = "silent"  # a prefill with nothing to speak: the Talker stops at once
-CODES = "codes"
 ROPE_DELTA = "talker_rope_delta"
 # transformers' generate(return_audio=True) defaults for code 0 (talker_* kwargs); the stop id
 # is the config's codec_eos_token_id. The residual codes: code_predictor.AUX_SAMPLING_DEFAULTS.
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "max_tokens": 4096,
 }
-
-
-class ResizeMLP(nn.Module):
-    """Thinker width -> Talker width (``linear_fc2(act(linear_fc1(x)))``, with biases)."""
-
-    def __init__(self, cin: int, inner: int, cout: int, act: str) -> None:
-        super().__init__()
-        self.linear_fc1 = nn.Linear(cin, inner, bias=True)
-        self.linear_fc2 = nn.Linear(inner, cout, bias=True)
-        self.act = ACTIVATIONS[act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(self.act(self.linear_fc1(x)))
-
-
-class TalkerLayer(nn.Module):
-    def __init__(self, cfg: TalkerConfig) -> None:
-        super().__init__()
-        self.self_attn = PagedSelfAttention(
-            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias, qk_norm_eps=cfg.rms_norm_eps
-        )
-        self.mlp = SharedExpertMoeBlock(
-            cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
-            cfg.norm_topk_prob, cfg.shared_expert_intermediate_size,
-        )
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Any, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class TalkerModel(nn.Module):
-    """Decoder layers, final norm and the codec embedding (checkpoint prefix ``talker.model.``)."""
-
-    def __init__(self, cfg: TalkerConfig) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(TalkerLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rope = MRotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
-
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
-        """[T, H] inputs of all rows (flat), [3, T] positions -> [T, H] normed hidden states."""
-        cos, sin = self.rope(positions, embeds.dtype)
-        x = embeds
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, attention, i)
-        return self.norm(x)
-
-
-class TalkerLM(nn.Module):
-    """Everything under ``talker.``: the decoder, the two projections from the Thinker, the
-    codec head and the code predictor."""
-
-    def __init__(self, cfg: TalkerConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.model = TalkerModel(cfg)
-        self.text_projection = ResizeMLP(cfg.thinker_hidden_size, cfg.intermediate_size, cfg.hidden_size, cfg.hidden_act)
-        self.hidden_projection = ResizeMLP(cfg.thinker_hidden_size, cfg.intermediate_size, cfg.hidden_size, cfg.hidden_act)
-        self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.code_predictor = CodePredictor(cfg.predictor)
-        # A plain attribute, not a buffer: it never meets a meta-device construction.
-        with torch.device("cpu"):
-            self.suppress_mask = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-            self.suppress_mask[cfg.suppressed_ids()] = True
-
-    def hidden_states(self, embeds: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
-        return self.model(embeds, positions, attention)
-
-    def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Code-0 logits with the never-sampled ids at -inf."""
-        if self.suppress_mask.device != hidden.device:
-            self.suppress_mask = self.suppress_mask.to(hidden.device)
-        return self.codec_head(hidden).masked_fill(self.suppress_mask, float("-inf"))
-
-    def sample_frame(self, static_inputs: dict[str, torch.Tensor], sampler: Any) -> dict[str, torch.Tensor]:
-        """The piecewise region: code 0 (main sampler), the code predictor's depth loop
-        (aux label), and the frame's summed code embeddings."""
-        first = sampler.sample(static_inputs["logits"]).tokens
-        first_embed = self.model.codec_embedding(first)
-        residual, residual_embed = self.code_predictor(static_inputs["hidden"], first_embed, sampler)
-        return {CODES: torch.cat([first[:, None], residual], dim=1), FRAME_EMBED: first_embed + residual_embed}
 
 
 class TalkerNode(ARNodeSubmodule):
@@ -220,8 +132,6 @@ class TalkerNode(ARNodeSubmodule):
         return ARNodeInputs(input_embeds=embed, input_seq_len=1)
 
     def _streamed_prefill(self, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
-        from mstar_qwen3omni.talker_prompt import build_talker_prompt, talker_positions
-
         ht = self.cfg.thinker_hidden_size
         rows = torch.as_tensor(signals[PROMPT_ROWS]).reshape(-1, ht)
         first = torch.as_tensor(signals[TEXT_EMBED]).reshape(-1, ht)

@@ -47,8 +47,8 @@ from typing import Any
 import torch
 
 from mstar_qwen3omni.positions import prompt_positions
-from mstar_qwen3omni.talker import TalkerLM
 from mstar_qwen3omni.talker_config import talker_multimodal_tokens
+from mstar_qwen3omni.talker_lm import TalkerLM
 
 ASSISTANT_ROWS = 9  # <|im_start|> assistant \n, 4 pads, tts_bos, first text token
 

@@ -29,6 +29,7 @@ from mstar.api import SPEECH, ApiAdapter, ApiError, EngineRequest, Voice
 from mstar.api.protocol import SpeechRequest
 from mstar.api.voices import EngineVoice, SessionVoice
 
+from mstar_qwen3tts.clone_kwargs import CLONE_ENCODE, ENCODE_ONLY, IN_CONTEXT, X_VECTOR_ONLY
 from mstar_qwen3tts.clone_prompt import CloneError, ClonePrompt, read_audio
 from mstar_qwen3tts.config import BASE, CUSTOM_VOICE, VOICE_DESIGN, Qwen3TTSConfig
 from mstar_qwen3tts.prompt import (
@@ -84,8 +85,6 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
         """A reference clip (float32 mono numpy at ``sample_rate``) → the engine request that
         computes its clone prompt (what a saved voice stores: ``ClonePrompt.tensors()``) on
         the encoder nodes; bad input is a 400 naming the field."""
-        from mstar_qwen3tts.plugin import ENCODE_ONLY
-
         if self.cfg.tts_model_type != BASE:
             raise ApiError(400, f"voice cloning needs a Base checkpoint; this one is {self.cfg.tts_model_type}", param="ref_audio")
         feats, ref_ids, _, clip_inputs, kwargs = self._clip_features(wave, sample_rate, ref_text, x_vector_only_mode)
@@ -102,7 +101,6 @@ class Qwen3TTSApiAdapter(SavedVoices, ApiAdapter):
         from mstar_qwen3tts.clone_loading import codec_encoder_rates, reference_frames
         from mstar_qwen3tts.clone_prompt import reference_features, transcript_ids
         from mstar_qwen3tts.encoder_nodes import REF_MEL, REF_WAVE
-        from mstar_qwen3tts.plugin import CLONE_ENCODE, IN_CONTEXT, X_VECTOR_ONLY
 
         codec_rate, _ = codec_encoder_rates(self.config)
         try:

@@ -1,16 +1,18 @@
 """Loads a Base checkpoint's clone-prompt encoders, strictly (core's ``load_weights``): the
 speaker encoder (``speaker_encoder.*`` of ``model.safetensors``), the speech tokenizer's
-encoder (``encoder.*`` of ``speech_tokenizer/model.safetensors``) and the text tokenizer."""
+encoder (``encoder.*`` of ``speech_tokenizer/model.safetensors``) and the text tokenizer.
+``clone_prompt.CloneEncoder.from_checkpoint`` runs them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mstar.weights import load_weights
 
 from mstar_qwen3tts.checkpoint_keys import CODEC_DIR, CODEC_ENCODER_KEYS, SPEAKER_ENCODER_KEYS
-from mstar_qwen3tts.clone_prompt import CloneEncoder
 from mstar_qwen3tts.codec_encoder import CodecEncoder, EncoderConfig
 from mstar_qwen3tts.config import BASE, ConfigError, Qwen3TTSConfig, load_config
 from mstar_qwen3tts.speaker_encoder import SpeakerEncoder
@@ -44,7 +46,18 @@ def reference_frames(config: dict[str, Any], samples: int) -> int:
     return EncoderConfig.from_dict(config["speech_tokenizer"]["encoder_config"]).output_frames(samples, downsample)
 
 
-def load_clone_encoder(checkpoint_dir: Path, device: str = "cpu") -> CloneEncoder:
+@dataclass(frozen=True)
+class CloneModels:
+    """What a clone prompt is computed with, loaded on one device."""
+
+    speaker_encoder: SpeakerEncoder
+    tokenize: Callable[[str], list[int]]
+    num_code_groups: int
+    codec_encoder: CodecEncoder
+    codec_rate: int  # the speech tokenizer's input sample rate
+
+
+def load_clone_models(checkpoint_dir: Path, device: str = "cpu") -> CloneModels:
     from mstar_qwen3tts.text_tokenizer import encode, load_tokenizer
 
     config = load_config(checkpoint_dir)
@@ -57,5 +70,5 @@ def load_clone_encoder(checkpoint_dir: Path, device: str = "cpu") -> CloneEncode
     encoder = codec_encoder_from_config(config)
     load_weights(encoder, Path(checkpoint_dir) / CODEC_DIR, **CODEC_ENCODER_KEYS)
     tokenizer = load_tokenizer(checkpoint_dir)
-    return CloneEncoder(speaker.to(device).eval(), lambda text: encode(tokenizer, text), cfg.talker.num_code_groups,
-                        encoder.to(device).eval(), rate)
+    return CloneModels(speaker.to(device).eval(), lambda text: encode(tokenizer, text), cfg.talker.num_code_groups,
+                       encoder.to(device).eval(), rate)

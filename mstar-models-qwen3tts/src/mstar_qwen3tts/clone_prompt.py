@@ -120,9 +120,10 @@ class CloneEncoder:
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: Path, device: str = "cpu") -> CloneEncoder:
-        from mstar_qwen3tts.clone_loading import load_clone_encoder
+        from mstar_qwen3tts.clone_loading import load_clone_models
 
-        return load_clone_encoder(Path(checkpoint_dir), device)
+        m = load_clone_models(Path(checkpoint_dir), device)
+        return cls(m.speaker_encoder, m.tokenize, m.num_code_groups, m.codec_encoder, m.codec_rate)
 
     def encode(self, wave: np.ndarray, sample_rate: int, ref_text: str | None = None,
                x_vector_only_mode: bool = False) -> ClonePrompt:

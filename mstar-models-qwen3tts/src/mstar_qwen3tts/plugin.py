@@ -27,6 +27,7 @@ from mstar.graph import EngineKind, GraphSpec, LeftContextChunks, NodeSpec, Sign
 from mstar.graph.shapes import DECODE, PREFILL, VOCODE, prefill_decode_mixing, streaming_lm_graph
 from mstar.model.spec import MixedBatchConfig, ModelSpec, NodeSamplers, PiecewiseGraphConfig, lazy
 
+from mstar_qwen3tts.clone_kwargs import CLONE_ENCODE, ENCODE_ONLY, IN_CONTEXT, X_VECTOR_ONLY
 from mstar_qwen3tts.config import BASE, CUSTOM_VOICE, Qwen3TTSConfig, load_config
 from mstar_qwen3tts.factories import typed
 
@@ -35,11 +36,6 @@ REQUEST_INPUTS = ("text_ids", "codec_ids", "trailing_ids")
 # codec decodes the generated frames after them, as qwen-tts does, and drops their audio).
 # They are request inputs (a saved voice) or outputs of the encoder nodes (a clip).
 CLONE_INPUTS = ("speaker_embed", "ref_codes")
-# Request kwarg of a Base request carrying its clip's features (``ref_mel``, ``ref_wave``):
-# which encoder walks run before the prefill.
-CLONE_ENCODE, X_VECTOR_ONLY, IN_CONTEXT = "clone_encode", "x_vector_only", "in_context"
-# Request kwarg: run only the encoder walks (making a voice: the outputs go to the client).
-ENCODE_ONLY = "encode_only"
 TALKER, AUDIO = "talker", "audio"  # partitions
 SPEAKER_ENCODER, CODEC_ENCODER = "speaker_encoder", "codec_encoder"  # nodes (mstar_qwen3tts.encoder_nodes)
 ENCODE_SPEAKER, ENCODE_REFERENCE = "encode_speaker", "encode_reference"  # their walks

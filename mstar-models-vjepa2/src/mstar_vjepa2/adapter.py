@@ -34,6 +34,7 @@ from mstar_vjepa2.video import (
     preprocess,
     sample_indices,
 )
+from mstar_vjepa2.walks import VJEPA2_TASKS, VJEPA2AC_TASKS
 
 DECODE_CAP = 1024  # frames decoded at most when num_frames asks to sample from a long video
 
@@ -114,10 +115,9 @@ class _VideoAdapter(ApiAdapter):
 class VJEPA2Adapter(_VideoAdapter):
     def __init__(self, config: dict[str, Any], checkpoint_dir: Path | None) -> None:
         from mstar_vjepa2.config import from_hf_dict
-        from mstar_vjepa2.plugin import TASKS
 
         cfg = from_hf_dict(config)
-        self.tasks, self.crop, self.max_frames = TASKS, cfg.crop_size, cfg.frames_per_clip
+        self.tasks, self.crop, self.max_frames = VJEPA2_TASKS, cfg.crop_size, cfg.frames_per_clip
         self.preprocessing = VideoPreprocessing.from_checkpoint(checkpoint_dir, cfg.crop_size)
         self.tokens_per_tubelet, self.tubelet = cfg.tokens_per_tubelet, cfg.tubelet_size
 
@@ -138,9 +138,7 @@ class VJEPA2Adapter(_VideoAdapter):
 
 class VJEPA2ACAdapter(_VideoAdapter):
     def __init__(self, config: dict[str, Any], checkpoint_dir: Path | None) -> None:
-        from mstar_vjepa2.plugin_ac import TASKS
-
-        self.tasks, self.crop, self.max_frames = TASKS, config["img_size"], config["max_frames"]
+        self.tasks, self.crop, self.max_frames = VJEPA2AC_TASKS, config["img_size"], config["max_frames"]
         self.preprocessing = VideoPreprocessing.from_checkpoint(checkpoint_dir, self.crop)
         self.action_dim, self.embed_dim = config["action_dim"], config["embed_dim"]
 

@@ -15,11 +15,9 @@ from mstar.graph import EngineKind, GraphSpec, Loop, NodeSpec, Signal, Step, Wal
 from mstar.model.spec import ModelSpec, NodeSamplers
 
 from mstar_vjepa2.config import ARCHITECTURE, from_hf_dict, load_config
-from mstar_vjepa2.walks import TaskWalks
+from mstar_vjepa2.walks import VJEPA2_TASKS
 
 MODEL_NAME = "vjepa2"
-TASKS = TaskWalks("main", {"encode": ("encode",), "predict": ("encode", "predict"), "anticipate": ("encode", "anticipate")},
-                  default="encode")
 
 
 def build_graph(config: dict[str, Any]) -> GraphSpec:
@@ -37,7 +35,7 @@ def build_graph(config: dict[str, Any]) -> GraphSpec:
             "anticipate": Walk("anticipate", "main", Loop(
                 "anticipate_loop", Step("predictor", inputs=("latents",), outputs=("anticipated", "window")), stop_on=("predictor",))),
         },
-        state_machine=TASKS,
+        state_machine=VJEPA2_TASKS,
         request_inputs=("video",),
     )
 
@@ -75,7 +73,7 @@ def _build_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: 
     from mstar_vjepa2.checkpoint import load_component
     from mstar_vjepa2.nodes import EncoderNode
 
-    node = EncoderNode(from_hf_dict(config), TASKS).to(dtype)  # then loaded tensor by tensor, cast as they come
+    node = EncoderNode(from_hf_dict(config), VJEPA2_TASKS).to(dtype)  # then loaded tensor by tensor, cast as they come
     if checkpoint_dir is not None:
         load_component(node.encoder, checkpoint_dir, "encoder.")
     return node.to(device=device, dtype=dtype).eval()

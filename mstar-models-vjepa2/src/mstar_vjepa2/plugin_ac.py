@@ -15,13 +15,10 @@ from mstar import hookimpl
 from mstar.graph import EngineKind, GraphSpec, Loop, NodeSpec, Sequential, Signal, Step, Walk
 from mstar.model.spec import ModelSpec, NodeSamplers
 
-from mstar_vjepa2.walks import TaskWalks
+from mstar_vjepa2.walks import VJEPA2AC_TASKS
 
 MODEL_NAME = "vjepa2ac"
 DEFAULT_MAX_FRAMES = 32  # frames a rollout may hold in the cache (context + predicted)
-# "*_latents" tasks start from given latents (a previous encode) instead of a video.
-TASKS = TaskWalks("main", {"encode": ("encode",), "rollout": ("encode", "rollout"), "plan": ("encode", "plan"),
-                           "rollout_latents": ("rollout",), "plan_latents": ("plan",)}, default="rollout")
 PLAN_OUTPUTS = ("costs", "best_index", "plan_actions", "cem_seed")
 
 
@@ -58,7 +55,7 @@ def build_graph(config: dict[str, Any]) -> GraphSpec:
             ))),
             "plan": Walk("plan", "main", Step("planner", inputs=("latents", "goal_latents"), outputs=PLAN_OUTPUTS)),
         },
-        state_machine=TASKS,
+        state_machine=VJEPA2AC_TASKS,
     )
 
 
@@ -120,7 +117,7 @@ def _build_encoder(config: dict[str, Any], checkpoint_dir: Path | None, device: 
     from mstar_vjepa2.checkpoint_ac import encoder_config, load_encoder
     from mstar_vjepa2.nodes_ac import ACEncoderNode
 
-    node = ACEncoderNode(encoder_config(config), TASKS, config["max_frames"]).to(dtype)
+    node = ACEncoderNode(encoder_config(config), VJEPA2AC_TASKS, config["max_frames"]).to(dtype)
     if checkpoint_dir is not None:
         load_encoder(node.encoder, checkpoint_dir)
     return node.to(device=device, dtype=dtype).eval()

@@ -1,4 +1,6 @@
-"""The walk choice of both models: the request's ``task`` kwarg picks a fixed sequence."""
+"""The walk choice of both models: the request's ``task`` kwarg picks a fixed sequence.
+``VJEPA2_TASKS`` and ``VJEPA2AC_TASKS`` are each model's tasks (its graph's state machine;
+its adapter checks a request's task against them)."""
 
 from __future__ import annotations
 
@@ -34,3 +36,15 @@ class TaskWalks:
         if task not in self.tasks:
             raise ValueError(f"task: unknown task {task!r}; choose one of {sorted(self.tasks)}")
         return task
+
+
+VJEPA2_TASKS = TaskWalks(
+    "main", {"encode": ("encode",), "predict": ("encode", "predict"), "anticipate": ("encode", "anticipate")},
+    default="encode",
+)
+# "*_latents" tasks start from given latents (a previous encode) instead of a video.
+VJEPA2AC_TASKS = TaskWalks(
+    "main", {"encode": ("encode",), "rollout": ("encode", "rollout"), "plan": ("encode", "plan"),
+             "rollout_latents": ("rollout",), "plan_latents": ("plan",)},
+    default="rollout",
+)

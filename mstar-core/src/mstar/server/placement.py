@@ -25,10 +25,8 @@ from typing import Any
 
 from mstar.graph import GraphSpec
 from mstar.graph.spec import iter_steps
-
-
-class PlacementError(ValueError):
-    pass
+from mstar.server.placement_error import PlacementError
+from mstar.server.placement_location import with_locations
 
 
 @dataclass(frozen=True)
@@ -145,8 +143,6 @@ def _replicas(name: str, body: dict[str, Any], source: str) -> tuple[str, int, t
 
 def parse_placement(data: Any, source: str = "placement") -> Placement:
     """Groups with their optional Ray keys (``resources``, ``node``; ``mstar.server.placement_location``)."""
-    from mstar.server.placement_location import with_locations
-
     return with_locations(data, source, _parse_groups)
 
 

@@ -19,12 +19,12 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any
 
+from mstar.server.placement_error import PlacementError
+
 LOCATION_KEYS = ("resources", "node")
 
 
 def _resources(group: str, value: Any, source: str) -> tuple[tuple[str, float], ...]:
-    from mstar.server.placement import PlacementError
-
     if not isinstance(value, dict) or not value:
         raise PlacementError(f"{source}: group {group!r}: 'resources' must be a mapping of resource name to amount, e.g. {{GPU: 1}}")
     out = []
@@ -36,8 +36,6 @@ def _resources(group: str, value: Any, source: str) -> tuple[tuple[str, float], 
 
 
 def _node(group: str, value: Any, source: str) -> str:
-    from mstar.server.placement import PlacementError
-
     try:
         return str(ipaddress.ip_address(str(value)))
     except ValueError:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from mstar.testing.conformance import CheckFailed, ConformanceContext
+from mstar.testing.check_context import CheckFailed, ConformanceContext
 
 SEED = 1234
 
