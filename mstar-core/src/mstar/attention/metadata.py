@@ -68,16 +68,24 @@ class AttentionBatch:
 
     @classmethod
     def build(
-        cls, rows: Sequence[RowLike], kv: KVCacheManager, device: torch.device | str | None = None
+        cls,
+        rows: Sequence[RowLike],
+        kv: KVCacheManager,
+        device: torch.device | str | None = None,
+        kv_lens: Sequence[int] | None = None,
     ) -> AttentionBatch:
         """Build the step's metadata. Call after ``kv.append`` for the step's new tokens:
-        each row's new tokens are the last ``query_len`` of its stream."""
+        each row's new tokens are the last ``query_len`` of its stream. ``kv_lens``: the
+        streams' lengths, when the caller already knows them (else read from ``kv``)."""
         if not rows:
             raise ValueError("AttentionBatch needs at least one row")
         device = torch.device(device) if device is not None else kv.device
         parsed = tuple(AttentionRow(*row) for row in rows)
         query_lens = [row.query_len for row in parsed]
-        kv_lens = [kv.num_tokens(row.request_id, row.stream) for row in parsed]
+        if kv_lens is None:
+            kv_lens = [kv.num_tokens(row.request_id, row.stream) for row in parsed]
+        else:
+            kv_lens = list(kv_lens)
         tables = [kv.block_table(row.request_id, row.stream) for row in parsed]
         for row, kv_len in zip(parsed, kv_lens, strict=True):
             _validate_row(row, kv_len)

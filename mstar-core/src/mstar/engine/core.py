@@ -263,9 +263,10 @@ class EngineCore:
                     req.needs_replay.discard(node.name)
                 return
             start = row.prepared.done
-            req.kv_history.setdefault(node.name, KVHistory()).record(
-                row.walk, row.prepared.info, row.prepared.inputs, start, start + row.num_tokens  # type: ignore[arg-type]
-            )
+            history = req.kv_history.get(node.name)
+            if history is None:
+                history = req.kv_history[node.name] = KVHistory()
+            history.record(row.walk, row.prepared.info, row.prepared.inputs, start, start + row.num_tokens)  # type: ignore[arg-type]
             if node.kv.prefix_cache is not None:
                 keys = row.prepared.cache_keys
                 fed = None if keys is None else keys[start : start + row.num_tokens]
@@ -296,7 +297,8 @@ class EngineCore:
         if check.reason and not req.finish_reason:
             req.finish_reason = check.reason
         cursor = req.cursors[row.partition]
-        cursor.stop(check.stops)
+        if check.stops:
+            cursor.stop(check.stops)
         cursor.step_done(row.step)
         self.cursor_moved(req, row.partition)
 

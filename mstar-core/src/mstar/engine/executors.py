@@ -43,6 +43,7 @@ class Row:
     num_tokens: int
     replay: bool
     completes: bool
+    cache_len: int = 0  # KV nodes: the row's cache positions once this forward has run
     stop: StopCheck | None = None  # the step's stop (core's rule merged with the plugin's)
     logits: torch.Tensor | None = None  # [V] main logits, for a request with return_logits
 
@@ -131,11 +132,10 @@ class NodeExecutor:
             drawn = sampler.last_main_tokens
             if len(done) != total:
                 drawn = drawn.index_select(0, torch.tensor(positions, device=drawn.device))
-            kv = self.node.kv
             core = rule.apply(
                 [r.req.slots[self.node.name] for r in done],
                 drawn.cpu().numpy(),
-                [kv.num_tokens(r.req.id, "main") if kv is not None else 0 for r in done],
+                [r.cache_len for r in done],
                 [r.step.outputs for r in done],
             )
             kept = sampler.last_main_logits
@@ -179,7 +179,7 @@ class KVNodeExecutor(NodeExecutor):
             ]
         batch = AttentionBatch.build(
             [(r.req.id, "main", r.num_tokens, True, m) for r, m in zip(rows, masks, strict=True)],
-            node.kv, node.device,
+            node.kv, node.device, [r.cache_len for r in rows],
         )
         node.attention.plan(batch)
         ei.attention = node.attention

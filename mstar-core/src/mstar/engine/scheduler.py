@@ -324,7 +324,7 @@ class Scheduler:
         completes = not replay and start + n == total
         prepared.info.num_computed_tokens = cached
         prepared.info.is_last_chunk = completes
-        return Row(req, r.partition, r.step, r.walk, prepared, chunk, n, replay, completes)
+        return Row(req, r.partition, r.step, r.walk, prepared, chunk, n, replay, completes, cached + n)
 
 
     def _map_cached_prefix(self, node: LoadedNode, r: ReadyStep, prepared: PreparedStep) -> int:
