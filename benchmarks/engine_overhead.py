@@ -12,7 +12,10 @@ engine samples through its sampler, the bare loop takes argmaxes. Both use oneDN
 linears (``mstar.layers.packed_linear``, the engine's default on CPU) unless ``--unpacked``.
 
 Prints a table; the ratio is engine / bare (1.0 = no overhead), of wall-clock tokens/s and
-of tokens per CPU second (the process's, all threads: steadier on a shared machine).
+of tokens per CPU second (the process's, all threads: steadier on a shared machine). "host
+ms/step": the engine's wall time minus the time inside its nodes' ``forward_batched`` (the
+LM's, sampler included, and the codec's), per engine step (``engine.core.stats.steps``, one
+forward each): what the engine spends outside the model; the median over rounds.
 
 ``--count-ops`` prints instead, per batch, aten ops (as a TorchDispatchMode sees them) per
 decode step: the LM's layers (``hidden_states``, attention included), one attention call, and
@@ -108,6 +111,27 @@ def bare_loop(lm: ToyLM, decoder: ToyDecoder, prompt_len: int, batch: int, token
             ids = tok[:, None]
         decode_chunks(decoder, policy, codes, consumed, tokens, closed=True)
     return batch * tokens / (time.perf_counter() - start)
+
+
+class ForwardTimer:
+    """Seconds inside the engine's nodes' ``forward_batched`` (instance attributes shadow the
+    methods the executors call), for the engine's host time per step."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.seconds = 0.0
+        for node in engine.core.nodes.values():  # the toy's LM and codec
+            sub = node.submodule
+            sub.forward_batched = self._wrap(sub.forward_batched)  # type: ignore[method-assign]
+
+    def _wrap(self, forward: Callable[..., object]) -> Callable[..., object]:
+        def timed(*args: object, **kwargs: object) -> object:
+            start = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
 
 
 def engine_run(engine: Engine, prompt_len: int, batch: int, tokens: int) -> float:
@@ -211,17 +235,26 @@ def main() -> None:
                 print(f"batch {b:>2}: " + " | ".join(f"{k} {e:.0f} / {r:.0f}" for k, (e, r) in c.items()))
             engine.close()
             return
-        print(f"{'batch':>5} | {'bare tok/s':>10} | {'engine tok/s':>12} | {'engine/bare':>11} | {'per CPU s':>9} | load (1 min)")
+        forwards = ForwardTimer(engine)  # after the op counts: only the timed runs need it
+        print(f"{'batch':>5} | {'bare tok/s':>10} | {'engine tok/s':>12} | {'engine/bare':>11} | {'per CPU s':>9} | {'host ms/step':>12} | load (1 min)")
         for b in (int(x) for x in args.batches.split(",")):
             runs = []
+            host_ms = []
             for i in range(args.rounds):  # which side goes first alternates, so neither always follows the other
                 sides = [(bare_loop, lm, decoder), (engine_run, engine)]
                 order = sides if i % 2 == 0 else sides[::-1]
-                done = [timed(*side, args.prompt, b, args.tokens) for side in order]
+                done = []
+                for side in order:
+                    steps, inside = engine.core.stats.steps, forwards.seconds
+                    done.append(timed(*side, args.prompt, b, args.tokens))
+                    if side[0] is engine_run:  # its wall time is batch x tokens / its tokens/s
+                        wall = b * args.tokens / done[-1][0]
+                        host_ms.append(1e3 * (wall - (forwards.seconds - inside)) / (engine.core.stats.steps - steps))
                 runs.append(done if i % 2 == 0 else done[::-1])
             bare, bare_cpu, eng, eng_cpu = (statistics.median(r[i][j] for r in runs) for i in (0, 1) for j in (0, 1))
             load = os.getloadavg()[0]  # the machine's, as the rounds ended: shared cores skew wall time
-            print(f"{b:>5} | {bare:>10.1f} | {eng:>12.1f} | {eng / bare:>11.2f} | {eng_cpu / bare_cpu:>9.2f} | {load:.1f}")
+            print(f"{b:>5} | {bare:>10.1f} | {eng:>12.1f} | {eng / bare:>11.2f} | {eng_cpu / bare_cpu:>9.2f} | "
+                  f"{statistics.median(host_ms):>12.3f} | {load:.1f}")
         engine.close()
 
 
