@@ -5,6 +5,7 @@ as a cold cache, and memory goes back when the requests are done."""
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import openai
@@ -30,18 +31,21 @@ def test_a_shared_system_prompt_is_computed_once(start_server):
         )
         answers.append(reply.choices[0].message.content)
     assert answers[0] == answers[1]  # the second is served from the first's blocks
-    deadline_text = ""
-    for _ in range(50):  # engine statistics are reported every few hundred milliseconds
-        deadline_text = httpx.get(f"{server.url}/metrics").text
-        if _metric(deadline_text, "mstar_prefix_cache_hit_tokens") > 0 and _metric(deadline_text, "mstar_kv_blocks_used") == 0:
+    # Engine statistics reach /metrics every few hundred milliseconds, and the warm-up's own
+    # hits may show first: wait for requests 2 and 3 to be counted (or give up after 10 s).
+    # They find at least the system prompt (hundreds of positions) cached.
+    want = 2 * len(SYSTEM) // 4 * 4
+    text = ""
+    for _ in range(50):
+        text = httpx.get(f"{server.url}/metrics").text
+        hits = _metric(text, "mstar_prefix_cache_hit_tokens")
+        if hits >= want and _metric(text, "mstar_kv_blocks_used") == 0:
             break
-        __import__("time").sleep(0.2)
-    hits = _metric(deadline_text, "mstar_prefix_cache_hit_tokens")
-    queried = _metric(deadline_text, "mstar_prefix_cache_queried_tokens")
-    # Requests 2 and 3 find at least the system prompt (hundreds of positions) cached.
-    assert hits >= 2 * len(SYSTEM) // 2 and queried > hits, (hits, queried)
-    assert _metric(deadline_text, "mstar_kv_blocks_used") == 0
-    assert _metric(deadline_text, "mstar_prefix_cache_blocks") > 0
+        time.sleep(0.2)
+    queried = _metric(text, "mstar_prefix_cache_queried_tokens")
+    assert hits >= want and queried > hits, (hits, queried)
+    assert _metric(text, "mstar_kv_blocks_used") == 0
+    assert _metric(text, "mstar_prefix_cache_blocks") > 0
     health = httpx.get(f"{server.url}/health").json()
     kv = [node for e in health["engines"].values() for node in e.get("kv", {}).values()]
     assert any(node["prefix_hit_tokens"] > 0 for node in kv), health

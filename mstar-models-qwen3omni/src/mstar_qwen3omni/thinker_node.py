@@ -11,7 +11,7 @@ embedding of its last position (for a decode row: the token fed back)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -96,6 +96,25 @@ class ThinkerNode(ARNodeSubmodule):
             tensor_inputs=self._media_inputs(ids, signals),
             kwargs={ROPE_DELTA: delta},
         )
+
+    def prefix_cache_keys(
+        self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs
+    ) -> Sequence[Hashable] | None:
+        """A text-only prompt (no media rows: its M-RoPE positions are 0..n-1 on all three
+        axes and its rope delta 0) is identified by its token ids, as decode steps are. Not
+        shared: a prompt with media (its rows' identity would need the media's content) and a
+        spoken answer's prompt (the Talker reads the Thinker's states at every prompt position,
+        so none may be skipped)."""
+        if info.walk == SPEECH_PREFILL:
+            return None
+        if inputs.tensor_inputs or inputs.input_embeds is not None or inputs.input_ids is None:
+            return None
+        pos = inputs.custom_pos_ids
+        if pos is not None:
+            n = inputs.input_seq_len
+            if inputs.kwargs.get(ROPE_DELTA, 0) != 0 or not torch.equal(pos, torch.arange(n, dtype=pos.dtype).expand(3, n)):
+                return None
+        return inputs.input_ids.reshape(-1).tolist()
 
     def split_inputs(
         self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs, start: int, end: int
