@@ -1,12 +1,14 @@
-"""The Thinker with prefix caching: text prompts that share a system prompt reuse its
-blocks and answer exactly as without the cache (tokens; logits within float rounding); a
-prompt with media, or one for a spoken answer (the Talker reads every prompt position's
-states), is never shared."""
+"""The Thinker with prefix caching: prompts that share a prefix reuse its blocks and answer
+as without the cache (tokens equal; logits within 1e-5); media rows are identified by
+their content, so other media part the prompts there; a repeated media item is encoded
+once (the encoders' output cache); a spoken answer's prompt (the Talker reads every prompt
+position's states) is never shared."""
 
 from __future__ import annotations
 
+import pytest
 import torch
-from thinker_reference import make_cases
+from thinker_reference import IMAGE, make_cases
 
 GREEDY = {"thinker": {"temperature": 0, "max_tokens": 6, "ignore_eos": True}}
 SPEECH_SAMPLING = {
@@ -38,14 +40,80 @@ def test_text_prompts_share_their_prefix_and_answer_as_without(omni_ckpt, omni_e
     assert kv.num_used_blocks == 0
 
 
-def test_prompts_with_media_are_not_shared(omni_ckpt, omni_engines):
+def _raw_request(case, pixel_shift: float = 0.0) -> dict:
+    """The processor's media tensors through the encoder nodes (``pixel_shift``: other pixels)."""
+    media = {k: v for k, v in case.hf_inputs.items() if isinstance(v, torch.Tensor)}
+    if pixel_shift:
+        media = {k: v + pixel_shift if k.startswith("pixel_values") else v for k, v in media.items()}
+    kinds = [kind for kind, key in (("audio", "input_features"), ("image", "pixel_values"), ("video", "pixel_values_videos"))
+             if key in media]
+    return {"inputs": {"prompt_ids": torch.tensor(case.prompt), **media}, "sampling": GREEDY,
+            "kwargs": {"return_logits": True, "media": kinds}}
+
+
+def _assert_same(result, ref) -> None:
+    assert result.error is None and ref.error is None, (result.error, ref.error)
+    assert result.cat("tokens").tolist() == ref.cat("tokens").tolist()
+    torch.testing.assert_close(torch.stack(result.signals["logits"]), torch.stack(ref.signals["logits"]), rtol=0, atol=1e-5)
+
+
+def _cache_hits(engine) -> int:
+    return sum(n.output_cache.hits for n in engine.core.nodes.values() if n.output_cache is not None)
+
+
+@pytest.mark.parametrize("name", ["image", "audio", "video_with_audio"])
+def test_the_same_media_is_encoded_once_and_its_prompt_shared(omni_ckpt, omni_engines, name):
+    """A repeated request with media: its encoders' outputs come from the output cache (no
+    forward) and its whole prompt but the last position from the prefix cache; the answer
+    equals the same request on an engine without caches."""
     cached = omni_engines(omni_ckpt, prefix_caching=True, block_size=4)
-    case = next(c for c in make_cases(omni_ckpt).values() if c.engine_inputs)
-    request = {"inputs": {"prompt_ids": torch.tensor(case.prompt), **case.engine_inputs}, "sampling": GREEDY}
-    before = cached.core.stats.prefix_hit_tokens
-    for _ in range(2):
-        assert cached.run_batch([request])[0].error is None
-    assert cached.core.stats.prefix_hit_tokens == before
+    plain = omni_engines(omni_ckpt)
+    case = make_cases(omni_ckpt)[name]
+    request = _raw_request(case)
+    kinds = len(request["kwargs"]["media"])
+    first = cached.run_batch([request])[0]
+    hits, encoded = cached.core.stats.prefix_hit_tokens, _cache_hits(cached)
+    second = cached.run_batch([request])[0]
+    assert cached.core.stats.prefix_hit_tokens - hits == (len(case.prompt) - 1) // 4 * 4
+    assert _cache_hits(cached) - encoded == kinds
+    ref = plain.run_batch([request])[0]
+    _assert_same(first, ref)
+    _assert_same(second, ref)
+    assert cached.core.nodes["thinker"].kv.num_used_blocks == 0
+
+
+def test_the_same_tokens_with_other_media_share_only_what_precedes_it(omni_ckpt, omni_engines):
+    cached = omni_engines(omni_ckpt, prefix_caching=True, block_size=4)
+    plain = omni_engines(omni_ckpt)
+    case = make_cases(omni_ckpt)["two_images"]
+    cached.run_batch([_raw_request(case)])
+    other = _raw_request(case, pixel_shift=0.25)  # same prompt ids, other pixels
+    hits, encoded = cached.core.stats.prefix_hit_tokens, _cache_hits(cached)
+    result = cached.run_batch([other])[0]
+    first_media = next(i for i, t in enumerate(case.prompt) if t == IMAGE)
+    assert 0 < cached.core.stats.prefix_hit_tokens - hits <= first_media
+    assert _cache_hits(cached) == encoded
+    _assert_same(result, plain.run_batch([other])[0])
+
+
+def test_encoder_outputs_given_as_inputs_are_identified_by_content(omni_ckpt, omni_engines):
+    """Media embeddings given directly (no encoder walk) are shared by content too: equal
+    embeddings share the prompt, other embeddings part at the first media row."""
+    cached = omni_engines(omni_ckpt, prefix_caching=True, block_size=4)
+    plain = omni_engines(omni_ckpt)
+    case = make_cases(omni_ckpt)["image"]
+    same = {"inputs": {"prompt_ids": torch.tensor(case.prompt), **case.engine_inputs}, "sampling": GREEDY,
+            "kwargs": {"return_logits": True}}
+    changed = {**same, "inputs": {**same["inputs"], "image_embeds": case.engine_inputs["image_embeds"] * 1.5}}
+    cached.run_batch([same])
+    hits = cached.core.stats.prefix_hit_tokens
+    second = cached.run_batch([same])[0]
+    assert cached.core.stats.prefix_hit_tokens - hits == (len(case.prompt) - 1) // 4 * 4
+    hits = cached.core.stats.prefix_hit_tokens
+    third = cached.run_batch([changed])[0]
+    assert cached.core.stats.prefix_hit_tokens - hits <= case.prompt.index(IMAGE)
+    _assert_same(second, plain.run_batch([same])[0])
+    _assert_same(third, plain.run_batch([changed])[0])
 
 
 def test_a_spoken_answer_computes_its_whole_prompt(omni_ckpt, omni_engines):

@@ -5,11 +5,12 @@ features) as persisted signals the Thinker's prefill reads."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from mstar.model.digest import tensor_digest
 from mstar.model.submodule_base import (
     BatchedModelOutput,
     CurrentForwardPassInfo,
@@ -38,6 +39,11 @@ IMAGE_OUTPUTS = ("image_embeds", "image_deepstack")
 VIDEO_OUTPUTS = ("video_embeds", "video_deepstack")
 
 
+def _media_key(graph_walk: str, inputs: NodeInputs) -> Hashable:
+    """The same media (the processor's exact tensors) encodes to the same outputs."""
+    return graph_walk, tensor_digest(*(inputs.tensor_inputs[k] for k in sorted(inputs.tensor_inputs)))
+
+
 def _require(signals: Mapping[str, torch.Tensor], names: tuple[str, ...], kind: str) -> None:
     missing = [n for n in names if signals.get(n) is None]
     if missing:
@@ -59,6 +65,9 @@ class AudioEncoderNode(NodeSubmodule):
             )
         packed, lens = pack_features(feats, mask)
         return NodeInputs(tensor_inputs={"features": packed, "lens": lens})
+
+    def output_cache_key(self, graph_walk: str, info: CurrentForwardPassInfo, inputs: NodeInputs) -> Hashable:
+        return _media_key(graph_walk, inputs)
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
         device = self.encoder.proj2.weight.device
@@ -101,6 +110,9 @@ class VisionEncoderNode(NodeSubmodule):
         if grid.dim() != 2 or grid.shape[1] != 3 or pixels.shape != (int(grid.prod(-1).sum()), width):
             raise ValueError(f"{pixels_name} {list(pixels.shape)} does not match {grid_name} {grid.tolist()} (patch width {width})")
         return NodeInputs(tensor_inputs={"pixels": pixels, "grid": grid})
+
+    def output_cache_key(self, graph_walk: str, info: CurrentForwardPassInfo, inputs: NodeInputs) -> Hashable:
+        return _media_key(graph_walk, inputs)
 
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
         device = self.encoder.patch_embed.proj.weight.device

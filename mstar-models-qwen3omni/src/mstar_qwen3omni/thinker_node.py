@@ -16,6 +16,7 @@ from itertools import accumulate
 from typing import Any
 
 import torch
+from mstar.model.digest import tensor_digest
 from mstar.model.submodule_base import (
     ARNodeInputs,
     ARNodeSubmodule,
@@ -100,21 +101,28 @@ class ThinkerNode(ARNodeSubmodule):
     def prefix_cache_keys(
         self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs
     ) -> Sequence[Hashable] | None:
-        """A text-only prompt (no media rows: its M-RoPE positions are 0..n-1 on all three
-        axes and its rope delta 0) is identified by its token ids, as decode steps are. Not
-        shared: a prompt with media (its rows' identity would need the media's content) and a
-        spoken answer's prompt (the Talker reads the Thinker's states at every prompt position,
-        so none may be skipped)."""
-        if info.walk == SPEECH_PREFILL:
+        """A position's identity: its token id while the prompt is plain text at positions
+        0, 1, ... (as every decode row is: the token fed back at the next cache position);
+        from the first media row or M-RoPE position off that line on, (token id, its three
+        M-RoPE positions, a digest of all the prompt's media embeddings), so prompts with
+        different media part there. Not shared: a spoken answer's prompt (the Talker reads
+        the Thinker's states at every prompt position, so none may be skipped)."""
+        if info.walk == SPEECH_PREFILL or inputs.input_embeds is not None or inputs.input_ids is None:
             return None
-        if inputs.tensor_inputs or inputs.input_embeds is not None or inputs.input_ids is None:
-            return None
-        pos = inputs.custom_pos_ids
-        if pos is not None:
-            n = inputs.input_seq_len
-            if inputs.kwargs.get(ROPE_DELTA, 0) != 0 or not torch.equal(pos, torch.arange(n, dtype=pos.dtype).expand(3, n)):
-                return None
-        return inputs.input_ids.reshape(-1).tolist()
+        ids = inputs.input_ids.reshape(-1).tolist()
+        pos, media = inputs.custom_pos_ids, inputs.tensor_inputs
+        if pos is None:
+            return ids
+        n = len(ids)
+        off_line = (pos != torch.arange(n, dtype=pos.dtype)).any(0)
+        firsts = [int(off_line.nonzero()[0])] if bool(off_line.any()) else []
+        firsts += [int(media[k].min()) for k in (MM_ROWS, DS_ROWS) if k in media and media[k].numel()]
+        first = min(firsts, default=n)
+        if first == n:
+            return ids
+        digest = tensor_digest(*(media[k] for k in sorted(media)))
+        triples = pos[:, first:].T.tolist()
+        return [*ids[:first], *((t, *p, digest) for t, p in zip(ids[first:], triples, strict=True))]
 
     def split_inputs(
         self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs, start: int, end: int

@@ -15,6 +15,7 @@ from mstar.blas_reproducibility import warn_if_thread_dependent
 from mstar.engine.core import EngineCore, SchedulerConfig
 from mstar.engine.executors import LoadedNode
 from mstar.engine.mixed_batches import validate_mixed_batches
+from mstar.engine.output_cache import OutputCache
 from mstar.engine.piecewise import PiecewiseRunner
 from mstar.engine.stop_rules import StopRule
 from mstar.graph import EngineKind, GraphSpec
@@ -22,7 +23,7 @@ from mstar.kv import KVCacheManager
 from mstar.layers.packed_linear import pack_linears
 from mstar.model.precision import canonical_dtype, node_dtypes
 from mstar.model.spec import ModelConfig, ModelSpec, NodeSamplers
-from mstar.model.submodule_base import ARNodeSubmodule
+from mstar.model.submodule_base import ARNodeSubmodule, NodeSubmodule
 from mstar.sampling import MultiSampler
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ class EngineConfig:
     nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all
     # KV nodes share cached prompt prefixes between requests (mstar.kv.prefix_cache).
     prefix_caching: bool = False
+    # With prefix_caching: host memory for stateless nodes' cached outputs (e.g. a media
+    # encoder's, for an image a conversation re-sends); mstar.engine.output_cache.
+    output_cache_bytes: int = 256 << 20
 
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -146,6 +150,9 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
                 prefix_caching=engine_config.prefix_caching,
             )
             node.attention = create_backend(node.kv, engine_config.attention_backend)
+        elif (engine_config.prefix_caching and engine_config.output_cache_bytes > 0
+              and type(sub).output_cache_key is not NodeSubmodule.output_cache_key):
+            node.output_cache = OutputCache(engine_config.output_cache_bytes, device)
         decl = node_samplers.get(name)
         if decl is not None:
             defaults = {"main": decl.main, **decl.aux}

@@ -194,6 +194,10 @@ class Engine:
                 "requests": self._requests_added,
                 "last_batch_size": core.stats.last_batch_size,
                 "kv": {name: _kv_stats(n.kv) for name, n in core.nodes.items() if n.kv is not None},
+                "output_cache": {
+                    name: {"entries": len(c), "bytes": c.bytes, "hits": c.hits, "misses": c.misses, "evictions": c.evictions}
+                    for name, n in core.nodes.items() if (c := n.output_cache) is not None
+                },
             }
 
     def add_step_listener(self, fn: Any) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mstar.attention import AttentionBatch
+from mstar.engine.output_cache import OutputCache
 from mstar.engine.stop_rules import StopRule, merge
 from mstar.graph import EngineKind, Step
 from mstar.model.spec import NodeSamplers
@@ -65,6 +66,7 @@ class LoadedNode:
     sampler: Any = None  # MultiSampler
     sampler_decl: NodeSamplers | None = None
     stop_rule: StopRule | None = None  # sampling nodes: core's stop rule over their slots
+    output_cache: OutputCache | None = None  # stateless nodes that key their rows' outputs
     piecewise: dict[str, PiecewiseRunner] = field(default_factory=dict)
     executor: NodeExecutor = field(init=False)
 
@@ -156,6 +158,28 @@ class NodeExecutor:
 
 class StatelessNodeExecutor(NodeExecutor):
     def run(self, walk: str, rows: list[Row]) -> dict[str, RowResult]:
+        cache = self.node.output_cache
+        if cache is None:
+            return self._run(walk, rows)
+        results: dict[str, RowResult] = {}
+        missed: list[Row] = []
+        for row in rows:
+            key = row.prepared.output_key
+            hit = cache.get(key) if key is not None else None
+            if hit is None:
+                missed.append(row)
+            else:
+                results[row.req.id] = hit
+        if missed:
+            computed = self._run(walk, missed)
+            for row in missed:
+                out = computed.get(row.req.id)
+                if row.prepared.output_key is not None and isinstance(out, dict):
+                    cache.put(row.prepared.output_key, out)
+            results.update(computed)
+        return results
+
+    def _run(self, walk: str, rows: list[Row]) -> dict[str, RowResult]:
         if len(rows) > 1 and not self.node.submodule.can_batch(walk, [r.prepared.info for r in rows]):
             results: dict[str, RowResult] = {}
             for row in rows:

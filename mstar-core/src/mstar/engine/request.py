@@ -52,6 +52,8 @@ class PreparedStep:
     stream_ends: dict[str, int] = field(default_factory=dict)  # stream signal -> consumed end
     # Prefix caching: the identity of each position of ``inputs`` (None: not shareable).
     cache_keys: Sequence[Hashable] | None = None
+    # Stateless nodes with an output cache: the row's key (None: not cached).
+    output_key: Hashable | None = None
 
     @property
     def total(self) -> int:

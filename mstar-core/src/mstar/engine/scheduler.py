@@ -272,6 +272,8 @@ class Scheduler:
         prepared = PreparedStep(inputs, info, ends)
         if node.kv is not None and node.kv.prefix_cache is not None:
             prepared.cache_keys = node.submodule.prefix_cache_keys(r.walk, info, inputs)  # type: ignore[attr-defined]
+        elif node.output_cache is not None:
+            prepared.output_key = node.submodule.output_cache_key(r.walk, info, inputs)
         r.req.prepared[key] = prepared
         return prepared
 

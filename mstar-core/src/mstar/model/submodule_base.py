@@ -265,6 +265,16 @@ class NodeSubmodule(nn.Module, ABC):
     def can_batch(self, graph_walk: str, infos: list[CurrentForwardPassInfo]) -> bool:
         return True
 
+    def output_cache_key(
+        self, graph_walk: str, info: CurrentForwardPassInfo, inputs: NodeInputs
+    ) -> Hashable | None:
+        """Stateless nodes, with the engine's output cache on (``EngineConfig.output_cache_bytes``,
+        ``mstar serve --prefix-caching``): a key such that rows with equal keys have equal
+        outputs (e.g. a digest of an encoder's input tensors' bytes and shapes); a row whose
+        key is cached gets the cached outputs without a forward (and without
+        ``check_stop_batched``). None (the default): always computed."""
+        return None
+
     def max_batch_size(self, graph_walk: str) -> int | None:
         return None
 

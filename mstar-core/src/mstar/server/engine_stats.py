@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mstar.server.messages import EngineStats, NodeKV, Stats
+from mstar.server.messages import EngineStats, NodeKV, NodeOutputCache, Stats
 
 
 def engine_stats(engine: Any) -> EngineStats:
@@ -24,7 +24,8 @@ def engine_stats(engine: Any) -> EngineStats:
     ]
     # The last batch's size means nothing once nothing runs.
     batch = s["last_batch_size"] if s["running"] else 0
-    return EngineStats(s["waiting"], s["running"], batch, kv, s["steps"], s["preemptions"], s["requests"])
+    caches = [NodeOutputCache(node, **v) for node, v in s.get("output_cache", {}).items()]
+    return EngineStats(s["waiting"], s["running"], batch, kv, s["steps"], s["preemptions"], s["requests"], caches)
 
 
 class StatsReporter:

@@ -85,6 +85,18 @@ class NodeKV(msgspec.Struct, array_like=True):
     prefix_evictions: int = 0
 
 
+class NodeOutputCache(msgspec.Struct, array_like=True):
+    """A stateless node's output cache (``mstar.engine.output_cache``): entries and bytes
+    held now; rows found (hits) and not found (misses), and entries evicted, since start."""
+
+    node: str
+    entries: int
+    bytes: int
+    hits: int
+    misses: int
+    evictions: int
+
+
 class EngineStats(msgspec.Struct, array_like=True):
     waiting: int
     running: int
@@ -93,6 +105,7 @@ class EngineStats(msgspec.Struct, array_like=True):
     steps: int = 0  # since the engine started
     preemptions: int = 0
     requests: int = 0  # requests added since the engine started
+    output_cache: list[NodeOutputCache] = []
 
 
 class Events(msgspec.Struct, tag="events"):

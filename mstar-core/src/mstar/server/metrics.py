@@ -38,6 +38,9 @@ class MetricFamilies:
         self.prefix_queried = Gauge("mstar_prefix_cache_queried_tokens", "Prompt positions looked up in the prefix cache since the engine started", [*e, "node"], registry=r)
         self.prefix_hits = Gauge("mstar_prefix_cache_hit_tokens", "Prompt positions found in the prefix cache (not computed) since the engine started", [*e, "node"], registry=r)
         self.prefix_evictions = Gauge("mstar_prefix_cache_evictions", "Cached blocks evicted for space since the engine started", [*e, "node"], registry=r)
+        self.output_cache_hits = Gauge("mstar_output_cache_hits", "Rows of a stateless node (e.g. a media encoder) served from its output cache since the engine started", [*e, "node"], registry=r)
+        self.output_cache_misses = Gauge("mstar_output_cache_misses", "Rows of a stateless node with an output cache that were computed since the engine started", [*e, "node"], registry=r)
+        self.output_cache_bytes = Gauge("mstar_output_cache_bytes", "Host memory held by a stateless node's output cache", [*e, "node"], registry=r)
         self.preemptions = Gauge("mstar_engine_preemptions", "Requests preempted (KV cache taken back) since the engine started", e, registry=r)
         self.engine_up = Gauge("mstar_engine_up", "1 while the engine process is alive", e, registry=r)
         self.engine_requests = Gauge("mstar_engine_requests", "Requests the engine process took in since it started", e, registry=r)
@@ -85,6 +88,9 @@ class ServerMetrics:
         self.prefix_queried = _ForModel(f.prefix_queried, model)
         self.prefix_hits = _ForModel(f.prefix_hits, model)
         self.prefix_evictions = _ForModel(f.prefix_evictions, model)
+        self.output_cache_hits = _ForModel(f.output_cache_hits, model)
+        self.output_cache_misses = _ForModel(f.output_cache_misses, model)
+        self.output_cache_bytes = _ForModel(f.output_cache_bytes, model)
         self.preemptions = _ForModel(f.preemptions, model)
         self.engine_up = _ForModel(f.engine_up, model)
         self.engine_requests = _ForModel(f.engine_requests, model)
@@ -109,6 +115,10 @@ class ServerMetrics:
             self.prefix_queried.labels(engine, replica, kv.node).set(kv.prefix_queried_tokens)
             self.prefix_hits.labels(engine, replica, kv.node).set(kv.prefix_hit_tokens)
             self.prefix_evictions.labels(engine, replica, kv.node).set(kv.prefix_evictions)
+        for c in stats.output_cache:
+            self.output_cache_hits.labels(engine, replica, c.node).set(c.hits)
+            self.output_cache_misses.labels(engine, replica, c.node).set(c.misses)
+            self.output_cache_bytes.labels(engine, replica, c.node).set(c.bytes)
         self._engine_waiting[f"{engine}/{replica}"] = stats.waiting
         self._update_queue()
 

@@ -154,6 +154,8 @@ class ServerRuntime:
                     "replica": self._slots[name].replica,
                     **({"error": e.down_reason} if e.down_reason else {}),
                     **({"kv": {kv.node: msgspec.structs.asdict(kv) for kv in e.stats.kv}} if e.stats is not None else {}),
+                    **({"output_cache": {c.node: msgspec.structs.asdict(c) for c in e.stats.output_cache}}
+                       if e.stats is not None and e.stats.output_cache else {}),
                     **self.supervisor.describe(name),
                 }
                 for name, e in self.engines.items()
