@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from mstar.kv.cache_manager import KVCacheManager
@@ -80,44 +81,55 @@ class AttentionBatch:
         if not rows:
             raise ValueError("AttentionBatch needs at least one row")
         device = torch.device(device) if device is not None else kv.device
-        parsed = tuple(AttentionRow(*row) for row in rows)
-        query_lens = [row.query_len for row in parsed]
-        if kv_lens is None:
-            kv_lens = [kv.num_tokens(row.request_id, row.stream) for row in parsed]
-        else:
-            kv_lens = list(kv_lens)
-        tables = [kv.block_table(row.request_id, row.stream) for row in parsed]
-        for row, kv_len in zip(parsed, kv_lens, strict=True):
-            _validate_row(row, kv_len)
+        parsed = tuple(row if isinstance(row, AttentionRow) else AttentionRow(*row) for row in rows)
+        streams = [(row.request_id, row.stream) for row in parsed]
         # Two rows on one stream would both claim its last tokens' cache slots.
-        if len({(row.request_id, row.stream) for row in parsed}) != len(parsed):
+        if len(set(streams)) != len(parsed):
             raise ValueError("AttentionBatch: a (request_id, stream) appears in more than one row")
+        q_lens = [row.query_len for row in parsed]
+        lens = [kv.num_tokens(rid, s) for rid, s in streams] if kv_lens is None else list(kv_lens)
+        for row, kv_len in zip(parsed, lens, strict=True):
+            if row.custom_mask is not None or not 1 <= row.query_len <= kv_len:
+                _validate_row(row, kv_len)
 
-        # Everything is computed on the host from Python ints, then moved in one hop each:
-        # a few list comprehensions cost less per step than a dozen small tensor ops.
-        block_size = kv.block_size
-        qo_indptr = [0, *accumulate(query_lens)]
-        positions = [p for q, n in zip(query_lens, kv_lens, strict=True) for p in range(n - q, n)]
-        slot_mapping = [
-            table[p // block_size] * block_size + p % block_size
-            for q, n, table in zip(query_lens, kv_lens, tables, strict=True)
-            for p in range(n - q, n)
-        ]
-        max_blocks = max(1, *(len(t) for t in tables))
-        # Padded with block 0: always a valid index to gather.
-        padded = [t + [0] * (max_blocks - len(t)) for t in tables]
+        # Per-row scalars in Python, per-token arrays in numpy (one op for all rows, not a
+        # Python loop per row), then one hop each to the device.
+        block_size, num_rows = kv.block_size, len(parsed)
+        num_tokens, max_kv = sum(q_lens), max(lens)
+        n = np.array(lens, dtype=np.int64)
+        tables, held = kv.table_rows(streams, max(1, -(-max_kv // block_size)))
+        short = held * block_size < n
+        if short.any():
+            i = int(short.argmax())
+            raise ValueError(
+                f"row (request {parsed[i].request_id!r}, stream {parsed[i].stream!r}): kv_len {lens[i]} but the "
+                f"cache holds {int(held[i])} blocks of {block_size}; append the step's tokens to the KV cache "
+                "before building the batch"
+            )
+        qo_indptr = np.array([0, *accumulate(q_lens)], dtype=np.int64)
+        if num_tokens == num_rows:  # decode: one token per row, at its last position
+            token_row, positions = np.arange(num_rows), n - 1
+        else:
+            token_row = np.repeat(np.arange(num_rows), q_lens)
+            positions = np.arange(num_tokens) - qo_indptr[token_row] + (n - q_lens)[token_row]
+        slot_mapping = tables[token_row, positions // block_size].astype(np.int64) * block_size + positions % block_size
         return cls(
             rows=parsed,
             block_size=block_size,
-            max_query_len=max(query_lens),
-            max_kv_len=max(kv_lens),
-            qo_indptr=torch.tensor(qo_indptr, dtype=torch.int32, device=device),
-            kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            causal=torch.tensor([row.causal for row in parsed], dtype=torch.bool, device=device),
+            max_query_len=max(q_lens),
+            max_kv_len=max_kv,
+            qo_indptr=_to(qo_indptr.astype(np.int32), device),
+            kv_lens=_to(n.astype(np.int32), device),
+            block_tables=_to(tables, device),
+            slot_mapping=_to(slot_mapping, device),
+            positions=_to(positions, device),
+            causal=_to(np.array([row.causal for row in parsed], dtype=np.bool_), device),
         )
+
+
+def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor if device.type == "cpu" else tensor.to(device)
 
 
 def _validate_row(row: AttentionRow, kv_len: int) -> None:

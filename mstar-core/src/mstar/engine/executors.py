@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,8 +74,9 @@ class LoadedNode:
     def __post_init__(self) -> None:
         self.executor = KVNodeExecutor(self) if self.kind is EngineKind.KV_CACHE else StatelessNodeExecutor(self)
 
-    @property
+    @functools.cached_property
     def max_model_len(self) -> int:
+        """The KV node's limit, asked once: the scheduler reads it for every row of every step."""
         assert isinstance(self.submodule, ARNodeSubmodule)
         return self.submodule.max_model_len()
 

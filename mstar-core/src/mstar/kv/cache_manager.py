@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from mstar.kv.block_pool import BlockPool
+from mstar.kv.block_tables import BlockTables
 from mstar.kv.prefix_cache import ROOT, BlockKey, PrefixCache, block_key
 
 DEFAULT_STREAM = "main"
@@ -19,6 +21,7 @@ AppendRow = tuple[RequestId, str, int]
 
 @dataclass
 class _Stream:
+    row: int  # its row in the manager's BlockTables
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
     # Prefix caching: the keys of the full blocks fed so far, the identities of the
@@ -83,6 +86,7 @@ class KVCacheManager:
         self._k_slots = [t.view(-1, num_kv_heads, head_dim) for t in self._k]
         self._v_slots = [t.view(-1, num_kv_heads, head_dim) for t in self._v]
         self._streams: dict[RequestId, dict[str, _Stream]] = {}
+        self._tables = BlockTables()
 
     @staticmethod
     def bytes_per_block(
@@ -215,17 +219,42 @@ class KVCacheManager:
         new_blocks = self._pool.allocate(needed) if cache is None else cache.allocate(needed)
         if new_blocks is None:
             return False
-        state = self._streams.setdefault(request_id, {}).setdefault(stream, _Stream())
-        state.blocks.extend(new_blocks)
+        state = self._stream(request_id, stream)
+        if new_blocks:
+            self._tables.write(state.row, len(state.blocks), new_blocks)
+            state.blocks.extend(new_blocks)
         state.num_tokens += n_new
         return True
+
+    def _stream(self, request_id: RequestId, stream: str) -> _Stream:
+        streams = self._streams.setdefault(request_id, {})
+        state = streams.get(stream)
+        if state is None:
+            state = streams[stream] = _Stream(self._tables.take_row())
+        return state
+
+    def table_rows(self, streams: Sequence[tuple[RequestId, str]], width: int) -> tuple[np.ndarray, np.ndarray]:
+        """(int32 [len(streams), width]: each stream's block table, zero-padded; int64
+        [len(streams)]: how many blocks each holds). One copy from the persistent tables,
+        no list per stream."""
+        found = [self._streams.get(rid, {}).get(name) for rid, name in streams]
+        if None in found:  # a stream nobody appended to: an empty table
+            have = np.array([s is not None for s in found])
+            out = np.zeros((len(streams), width), dtype=np.int32)
+            out[have] = self._tables.gather(np.array([s.row for s in found if s is not None], dtype=np.int64), width)
+            return out, np.array([len(s.blocks) if s is not None else 0 for s in found], dtype=np.int64)
+        counts = np.array([len(s.blocks) for s in found], dtype=np.int64)  # type: ignore[union-attr]
+        rows = np.array([s.row for s in found], dtype=np.int64)  # type: ignore[union-attr]
+        return self._tables.gather(rows, width), counts
 
     def free_stream(self, request_id: RequestId, stream: str = DEFAULT_STREAM) -> None:
         """Return one stream's blocks; a no-op when the stream does not exist."""
         streams = self._streams.get(request_id)
         if streams is None or stream not in streams:
             return
-        self._release(streams.pop(stream).blocks)
+        state = streams.pop(stream)
+        self._tables.release_row(state.row)
+        self._release(state.blocks)
         if not streams:
             del self._streams[request_id]
 
@@ -235,6 +264,7 @@ class KVCacheManager:
         if streams is None:
             return
         for state in streams.values():
+            self._tables.release_row(state.row)
             self._release(state.blocks)
 
     def _release(self, blocks: list[int]) -> None:
@@ -264,8 +294,9 @@ class KVCacheManager:
         cache.queried_tokens += len(identities)
         cache.hit_tokens += len(blocks) * bs
         if blocks:
-            state = self._streams.setdefault(request_id, {}).setdefault(stream, _Stream())
+            state = self._stream(request_id, stream)
             state.blocks, state.num_tokens, state.keys = blocks, len(blocks) * bs, keys[: len(blocks)]
+            self._tables.write(state.row, 0, blocks)
         return len(blocks) * bs
 
     def note_fed(

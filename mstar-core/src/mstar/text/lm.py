@@ -197,7 +197,10 @@ class CausalLMNode(ARNodeSubmodule):
         return int(self.config["max_position_embeddings"])
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
-        ids = (signals[PROMPT] if info.walk == PREFILL else signals[TOKENS]).reshape(-1).to(torch.long)
+        if info.walk != PREFILL:  # the token this node's sampler drew: in range by construction
+            ids = signals[TOKENS].reshape(-1)
+            return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
+        ids = signals[PROMPT].reshape(-1).to(torch.long)
         if ids.numel() == 0:
             raise ValueError("the prompt is empty")
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
