@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +31,16 @@ class _Stream:
     keys: list[BlockKey] = field(default_factory=list)
     pending: list[Hashable] = field(default_factory=list)
     cacheable: bool = True
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed cache tensor. On the CPU, anonymous memory from the OS (zero until written):
+    a page costs resident memory only once a block on it is used, so an engine holds what
+    its requests use, not its whole budget (torch.zeros writes every page up front)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, max(size, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -80,8 +92,8 @@ class KVCacheManager:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zeroed, not empty: attention gathers padding slots and masks them out, and
         # masked-out garbage that happens to be NaN would still poison the output (0 * NaN).
-        self._k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self._v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self._k = [_zeros(shape, dtype, self.device) for _ in range(num_layers)]
+        self._v = [_zeros(shape, dtype, self.device) for _ in range(num_layers)]
         # [num_blocks * block_size, Hkv, D] views (one row per slot) for ``write``, made once.
         self._k_slots = [t.view(-1, num_kv_heads, head_dim) for t in self._k]
         self._v_slots = [t.view(-1, num_kv_heads, head_dim) for t in self._v]
