@@ -9,11 +9,13 @@ plus the next text embedding (or the text pad). Node ``talker``; walks ``prefill
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from mstar.attention.compiled_layers import compile_with_attention
+from mstar.model.digest import tensor_digest
 from mstar.model.submodule_base import (
     ARNodeInputs,
     ARNodeSubmodule,
@@ -36,6 +38,38 @@ PIECEWISE_LABEL = "code_predictor"
 # codec_ids markers (mstar_qwen3tts.prompt): text only; the cloned speaker's x-vector; the
 # next reference frame.
 NO_CODEC, SPEAKER_SLOT, REF_FRAME = -1, -2, -3
+
+
+@dataclass
+class TalkerInputs(ARNodeInputs):
+    """A prefill's inputs, with what each embedding row was summed from (``text_ids``,
+    ``codec_ids``, ``speaker_embed``, ``ref_codes``): prefix caching's identities, worked
+    out only when asked for (``Talker.prefix_cache_keys``)."""
+
+    prompt_sources: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
+
+
+def prompt_identities(
+    text_ids: torch.Tensor, codec_ids: torch.Tensor, speaker_embed: torch.Tensor | None, ref_codes: torch.Tensor | None
+) -> list[Hashable]:
+    """One identity per prefill position naming everything ``Talker.prompt_embeds`` sums
+    there: (text id, codec id); a speaker slot adds a digest of the x-vector's exact bytes,
+    a reference frame its codes (the frame's own: frames are taken in order). The sources
+    rather than a digest of each row's bytes: the text projection's rows can differ in their
+    last bits with the prompt's length (its matmul picks kernels by row count; seen here on
+    CPU for 1-3 rows), which would cost hits, not correctness, and hashing them costs more."""
+    text, codec = text_ids.reshape(-1).tolist(), codec_ids.reshape(-1).tolist()
+    speaker = tensor_digest(speaker_embed) if speaker_embed is not None and SPEAKER_SLOT in codec else None
+    frames = iter(ref_codes.to(torch.long).tolist()) if ref_codes is not None and REF_FRAME in codec else iter(())
+    out: list[Hashable] = []
+    for t, c in zip(text, codec, strict=True):
+        if c == SPEAKER_SLOT:
+            out.append((t, c, speaker))
+        elif c == REF_FRAME:
+            out.append((t, c, *next(frames)))
+        else:
+            out.append((t, c))
+    return out
 
 
 class TalkerModel(nn.Module):
@@ -102,15 +136,31 @@ class Talker(ARNodeSubmodule):
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
         trailing = signals["trailing_ids"].reshape(-1)
+        sources = None
         if info.walk == "prefill":
-            embeds = self.prompt_embeds(signals["text_ids"], signals["codec_ids"], trailing,
-                                        signals.get("speaker_embed"), signals.get("ref_codes"))
+            sources = (signals["text_ids"], signals["codec_ids"], signals.get("speaker_embed"), signals.get("ref_codes"))
+            embeds = self.prompt_embeds(sources[0], sources[1], trailing, sources[2], sources[3])
         else:
             embeds = signals["next_embed"].reshape(1, -1)
         # The text fed with the *next* step: the trailing text one token per frame, then pad.
         k = info.num_generated
         next_text = int(trailing[k]) if k < trailing.numel() else self.tts_pad_id
-        return ARNodeInputs(input_embeds=embeds, input_seq_len=embeds.shape[0], kwargs={"next_text_id": next_text})
+        return TalkerInputs(input_embeds=embeds, input_seq_len=embeds.shape[0], kwargs={"next_text_id": next_text},
+                            prompt_sources=sources)
+
+    def prefix_cache_keys(
+        self, graph_walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs
+    ) -> Sequence[Hashable] | None:
+        """A prefill position is identified by what its embedding row sums
+        (``prompt_identities``), so requests whose prompts open alike (a voice's head: role,
+        think tags, speaker, and a cloned voice's transcript; an instruction) share those
+        blocks. Positions are the plain cache positions and ``next_text_id`` only shapes
+        the last position's outputs, so neither needs naming; nothing reads the other
+        positions' outputs, so any of them may be skipped. Decode rows (sampled frames,
+        on the device) have no identity: nothing after the prompt is shared."""
+        if not isinstance(inputs, TalkerInputs) or inputs.prompt_sources is None:
+            return None
+        return prompt_identities(*inputs.prompt_sources)
 
     def prompt_embeds(
         self, text_ids: torch.Tensor, codec_ids: torch.Tensor, trailing_ids: torch.Tensor,
