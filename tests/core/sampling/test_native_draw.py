@@ -12,15 +12,17 @@ import sys
 import pytest
 import torch
 from mstar.native import native_module
-from mstar.sampling import SamplingParams, native_draw
+from mstar.sampling import SamplingParams, draw, native_draw
 from mstar.sampling.compiled_region import compile_region
+from mstar.sampling.counter_rng import GOLDEN_GAMMA, uniform_of_keys
 from mstar.sampling.graphable import CudaGraphableSampler
 from mstar.sampling.multi_sampler import BatchSampler
 from test_sampling_fast_paths import logits_of
 from test_sampling_multi import make_sampler, resolved
 
 NATIVE = native_module()
-pytestmark = pytest.mark.skipif(NATIVE is None, reason="no C++ toolchain to build the native draw")
+# Skipped where the extension cannot be built; a failure under MSTAR_REQUIRE_NATIVE=1 (tests/core/conftest.py).
+pytestmark = pytest.mark.usefixtures("native_ops")
 
 TOP_K_ROWS = [
     [dict(temperature=0.9, top_k=50)] * 8,  # Qwen3-TTS's code predictor defaults
@@ -57,6 +59,67 @@ def _native(sampler: CudaGraphableSampler, logits, slots, advance, fallback=_rai
     finally:
         NATIVE.unbind_draws()
 
+
+
+# mstar_native exposes no mix64 of its own, so the C++ SplitMix64 (draws.cpp ``mix64``) is
+# compared through the smallest op that runs it, ``draw_aux``: a row whose key is
+# z - gamma at step 0 draws with u = (mix64(z) >> 11) * 2**-53. Its token shows where u
+# falls in the row's CDF, so the rows are built to resolve u finely around the u the
+# Python mix64 gives: blocks of 256 tokens of weights 1, 1/200, ..., 1/200**3, each split
+# around that u, and a window of 256 tokens of weight 1/200**4 between the halves. A token
+# then fixes u to about 2**-38, i.e. mix64's bits 27-63, which its last xorshift (>> 31)
+# reaches too.
+_LEVELS, _WIDTH = 5, 256
+_MASK64 = (1 << 64) - 1
+
+
+def _level_logits() -> torch.Tensor:
+    return (-torch.arange(_LEVELS, dtype=torch.float64) * torch.log(torch.tensor(200.0, dtype=torch.float64))).float()
+
+
+def _zoomed_logits(u: float) -> tuple[torch.Tensor, int]:
+    """One row's logits whose CDF resolves ``u`` finely; the window's first index."""
+    logits = _level_logits()
+    weights = logits.exp().tolist()  # the op's own float32 exps, exactly
+    rest = u * _WIDTH * sum(weights)
+    before = []
+    for level in range(_LEVELS - 1):
+        count = min(_WIDTH, int(rest // weights[level]))
+        rest -= count * weights[level]
+        before.append(count)
+    head = [logits[level].repeat(c) for level, c in enumerate(before)]
+    tail = [logits[level].repeat(_WIDTH - c) for level, c in reversed(list(enumerate(before)))]
+    return torch.cat([*head, logits[-1].repeat(_WIDTH), *tail]), sum(before)
+
+
+def test_the_cpp_mix64_equals_the_python_one():
+    gen = torch.Generator().manual_seed(64)
+    edges = [0, _MASK64, 1, 1 << 63, (1 << 63) - 1, GOLDEN_GAMMA & _MASK64, *(1 << b for b in range(64))]
+    randoms = [int(v) & _MASK64 for v in torch.randint(-(2**63), 2**63 - 1, (4096 - len(edges),), generator=gen)]
+    zs = edges + randoms
+    in_window = 0
+    for start in range(0, len(zs), 1024):
+        z = zs[start : start + 1024]
+        rows = len(z)
+        keys = [(v - GOLDEN_GAMMA) & _MASK64 for v in z]  # step 0: the op mixes key + gamma = z
+        u = uniform_of_keys(keys, [0] * rows)  # the Python mix64
+        built = [_zoomed_logits(v) for v in u]
+        x = torch.stack([row for row, _ in built])
+        vocab = x.shape[1]
+        want = draw._draw_top_k(x, torch.ones(rows, 1), vocab, torch.tensor(u, dtype=torch.float64), False, vocab)
+        window = torch.tensor([first for _, first in built])
+        in_window += int(((want >= window) & (want < window + _WIDTH)).sum())
+        top_k_rows = (torch.zeros(rows, dtype=torch.int64), torch.arange(rows), torch.zeros(rows, dtype=torch.int64),
+                      keys, torch.ones(rows, 1), False, torch.full((rows, 1), vocab), vocab, vocab)
+        label = native_draw.label_id("test-native-mix64")
+        NATIVE.bind_draws([None] * label + [(_raise, top_k_rows)], None)
+        try:
+            got = torch.ops.mstar_native.draw_aux(x, label, None)
+        finally:
+            NATIVE.unbind_draws()
+        differ = (got != want).nonzero().flatten().tolist()
+        assert not differ, [(hex(z[i]), int(got[i]), int(want[i])) for i in differ[:5]]
+    assert in_window > 0.95 * len(zs)  # the test keeps its resolution: u lands in the window
 
 @pytest.mark.parametrize("kind", ["peaked", "flat", "ties", "suppressed"])
 @pytest.mark.parametrize("vocab", [11, 256, 2048, 3072])
