@@ -5,7 +5,7 @@ Orpheus vocabulary (156,940), for greedy, top-k 50 and top-p 0.9, in one run.
 
 The decode step's model part is one forward of a random ``transformers`` Llama (8 layers,
 hidden 512, the Orpheus vocabulary) for one new token per row over a 64-token KV cache;
-the sampling part is ``mstar.sampling.CudaGraphableSampler.sample`` (the sampler the
+the sampling part is ``mstar.sampling.SlotSampler.sample`` (the sampler the
 engine binds) on logits shaped like a language model's: an N(0, 2.5^2) background with
 eight tokens per row boosted by 12 to 24, so most rows put most of their mass on a few
 tokens (the top-p 0.9 nucleus sizes are printed). Model and sampler calls are interleaved
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from mstar.sampling import CudaGraphableSampler, SamplingParams
+from mstar.sampling import SamplingParams, SlotSampler
 
 VOCAB = 156_940
 SETTINGS = {
@@ -46,7 +46,7 @@ def nucleus_sizes(logits: torch.Tensor, top_p: float) -> list[int]:
 
 
 def make_sampler(params: SamplingParams, batch: int, vocab: int) -> Callable[[torch.Tensor], object]:
-    sampler = CudaGraphableSampler(batch, vocab)
+    sampler = SlotSampler(batch, vocab)
     for slot in range(batch):
         sampler.add_request(slot, params, seed=1000 + slot)
     slots = torch.arange(batch)

@@ -15,8 +15,8 @@ from mstar.native import native_module
 from mstar.sampling import SamplingParams, draw, native_draw
 from mstar.sampling.compiled_region import compile_region
 from mstar.sampling.counter_rng import GOLDEN_GAMMA, uniform_of_keys
-from mstar.sampling.graphable import CudaGraphableSampler
 from mstar.sampling.multi_sampler import BatchSampler
+from mstar.sampling.slot_sampler import SlotSampler
 from test_sampling_fast_paths import logits_of
 from test_sampling_multi import make_sampler, resolved
 
@@ -39,8 +39,8 @@ OTHER_ROWS = [
 ]
 
 
-def _samplers(rows: list[dict], vocab: int) -> tuple[CudaGraphableSampler, CudaGraphableSampler]:
-    pair = CudaGraphableSampler(12, vocab), CudaGraphableSampler(12, vocab)
+def _samplers(rows: list[dict], vocab: int) -> tuple[SlotSampler, SlotSampler]:
+    pair = SlotSampler(12, vocab), SlotSampler(12, vocab)
     for s in pair:
         for i, p in enumerate(rows):
             s.add_request(2 + i, SamplingParams(**p), seed=(i * 7919 + 13) << (i % 40), prompt_ids=[i % vocab])
@@ -51,7 +51,7 @@ def _raise(logits: torch.Tensor) -> torch.Tensor:
     raise AssertionError("the native draw called its fallback")
 
 
-def _native(sampler: CudaGraphableSampler, logits, slots, advance, fallback=_raise) -> torch.Tensor:
+def _native(sampler: SlotSampler, logits, slots, advance, fallback=_raise) -> torch.Tensor:
     label = native_draw.label_id("test-native")
     NATIVE.bind_draws([None] * label + [(fallback, sampler.native_top_k_rows(slots, advance))], None)
     try:
@@ -178,8 +178,8 @@ MAIN_ROWS = [
 STOP = 3  # every row's stop id; the largest logit of each step below
 
 
-def _main_samplers(rows: list[dict], vocab: int) -> tuple[CudaGraphableSampler, CudaGraphableSampler]:
-    pair = CudaGraphableSampler(12, vocab), CudaGraphableSampler(12, vocab)
+def _main_samplers(rows: list[dict], vocab: int) -> tuple[SlotSampler, SlotSampler]:
+    pair = SlotSampler(12, vocab), SlotSampler(12, vocab)
     for s in pair:
         for i, p in enumerate(rows):
             s.add_request(2 + i, SamplingParams(**p), seed=i * 104729 + 5, prompt_ids=[(5 * i + 1) % vocab, 7],
@@ -187,7 +187,7 @@ def _main_samplers(rows: list[dict], vocab: int) -> tuple[CudaGraphableSampler, 
     return pair
 
 
-def _native_main(sampler: CudaGraphableSampler, logits, slots, advance, fallback=_raise) -> torch.Tensor:
+def _native_main(sampler: SlotSampler, logits, slots, advance, fallback=_raise) -> torch.Tensor:
     NATIVE.bind_main(fallback, sampler.native_main_rows(slots, advance))
     try:
         out = torch.ops.mstar_native.draw_main(logits, None)

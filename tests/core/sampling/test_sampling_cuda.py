@@ -1,11 +1,11 @@
-"""On CUDA: the branch-free path draws what the CPU path draws, and the graph-safe sampler
+"""On CUDA: the branch-free path draws what the CPU path draws, and SlotSampler
 captures in a CUDA graph and replays to the eager result. Skipped without a GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from mstar.sampling import CudaGraphableSampler, Sampler, SamplingParams, SamplingTensors
+from mstar.sampling import Sampler, SamplingParams, SamplingTensors, SlotSampler
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -45,7 +45,7 @@ def test_cuda_draws_what_the_cpu_draws():
 
 def test_graph_capture_replays_the_eager_draw():
     x = lm_like_logits().cuda()
-    sampler = CudaGraphableSampler(B, V, "cuda", preallocate_history=True)
+    sampler = SlotSampler(B, V, "cuda", preallocate_history=True)
     for i in range(B):
         sampler.add_request(i, SamplingParams(**KINDS[i % len(KINDS)]), seed=i)
     slots = torch.arange(B, device="cuda")

@@ -5,7 +5,7 @@
 // top-k state (every row samples with top_k and no other filter) or only a Python fallback.
 // The top-k draw runs the same ATen ops, in the same order, as draw._draw_top_k and
 // draw.inverse_cdf do from Python, so it gives the same tokens bit for bit, and advances the
-// step counters as CudaGraphableSampler.commit does. A main draw may also carry the rows'
+// step counters as SlotSampler.commit does. A main draw may also carry the rows'
 // penalties (kernel.penalise_at's ops on the seen tokens, their terms computed in Python at
 // bind time) and min_tokens stop ids (kernel.suppress_stop_tokens's mask), and counts its
 // tokens into the output counts as commit does; the host-side seen sets are updated by

@@ -1,12 +1,12 @@
 """Sampling: one parameter contract and seed-reproducible samplers for every model."""
 
 from mstar.sampling.counter_rng import random_bits, uniform
-from mstar.sampling.graphable import CudaGraphableSampler
 from mstar.sampling.multi import MAIN_LABEL, MultiSamplingConfig, UnknownSamplerLabelError
 from mstar.sampling.multi_sampler import BatchSampler, MultiSampler
 from mstar.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
 from mstar.sampling.sampler import Sampler
 from mstar.sampling.seeds import MAX_SEED, derive_seed, fresh_seed
+from mstar.sampling.slot_sampler import SlotSampler
 from mstar.sampling.tensors import SampleOutput, SamplingTensors, token_counts, token_mask
 
 __all__ = [
@@ -14,13 +14,13 @@ __all__ = [
     "MAX_SEED",
     "MAX_TOP_LOGPROBS",
     "BatchSampler",
-    "CudaGraphableSampler",
     "MultiSampler",
     "MultiSamplingConfig",
     "SampleOutput",
     "Sampler",
     "SamplingParams",
     "SamplingTensors",
+    "SlotSampler",
     "UnknownSamplerLabelError",
     "derive_seed",
     "fresh_seed",

@@ -1,4 +1,4 @@
-"""The sampling math shared by the eager and the graph-safe sampler.
+"""The sampling math shared by the eager ``Sampler`` and ``SlotSampler``.
 
 Order of operations (per row, all rows at once):
 
@@ -12,7 +12,7 @@ Order of operations (per row, all rows at once):
 4. raw logprobs from the logits of step 2, when some row asked for them.
 
 No RNG state: a row's token is a function of its logits, parameters and (seed, step)
-only, and eager and graph-safe samplers run this same function.
+only, and both samplers run this same function.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def sample_batch(
     """Draw one token per row of ``logits`` [B, V] under per-row params ``st``.
 
     ``seen`` replaces ``output_counts``/``prompt_mask`` when the caller knows the
-    penalised tokens sparsely (the graph-safe sampler on the CPU does).
+    penalised tokens sparsely (``SlotSampler`` on the CPU does).
     """
     if logits.dim() != 2 or logits.shape[0] != st.batch_size:
         raise ValueError(

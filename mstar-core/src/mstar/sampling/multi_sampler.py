@@ -1,4 +1,4 @@
-"""One graph-safe sampler per declared label, and the per-batch handle models use."""
+"""One ``SlotSampler`` per declared label, and the per-batch handle models use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mstar.sampling.graphable import CudaGraphableSampler, TokenIds
 from mstar.sampling.multi import (
     MAIN_LABEL,
     MultiSamplingConfig,
@@ -17,13 +16,14 @@ from mstar.sampling.multi import (
     reject_default_seeds,
 )
 from mstar.sampling.params import SamplingParams
+from mstar.sampling.slot_sampler import SlotSampler, TokenIds
 from mstar.sampling.tensors import SampleOutput
 
 PerLabelIds = TokenIds | Mapping[str, TokenIds]
 
 
 class MultiSampler:
-    """Holds a ``CudaGraphableSampler`` for ``MAIN_LABEL`` and each declared aux label.
+    """Holds a ``SlotSampler`` for ``MAIN_LABEL`` and each declared aux label.
 
     ``labels_defaults`` declares the label set (it must include ``MAIN_LABEL``) and the
     plugin's default params per label; aux vocabularies may differ from main's.
@@ -47,7 +47,7 @@ class MultiSampler:
         self.defaults = dict(labels_defaults)
         self.aux_labels = frozenset(labels_defaults) - {MAIN_LABEL}
         self.samplers = {
-            label: CudaGraphableSampler(max_slots, vocab_sizes[label], device, preallocate_history)
+            label: SlotSampler(max_slots, vocab_sizes[label], device, preallocate_history)
             for label in labels_defaults
         }
 
@@ -166,14 +166,14 @@ class BatchSampler:
         return self.sampler.sample_aux(label, logits, self.slot_ids, self.advance)
 
     def native_top_k_rows(self, label: str) -> tuple | None:
-        """``CudaGraphableSampler.native_top_k_rows`` of aux ``label`` for this batch (None
+        """``SlotSampler.native_top_k_rows`` of aux ``label`` for this batch (None
         for another label): for ``mstar.sampling.native_draw``."""
         if label not in self.sampler.aux_labels:
             return None
         return self.sampler.samplers[label].native_top_k_rows(self.slot_ids, self.advance)
 
     def native_main_rows(self) -> tuple | None:
-        """``CudaGraphableSampler.native_main_rows`` of the main label for this batch (None
+        """``SlotSampler.native_main_rows`` of the main label for this batch (None
         when the engine keeps the batch's logits): for ``mstar.sampling.native_draw``."""
         if self.keep_logits:
             return None

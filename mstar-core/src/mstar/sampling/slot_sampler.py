@@ -1,10 +1,13 @@
-"""Graph-safe sampler: per-request state lives in static per-slot device buffers.
+"""The sampler of every device: each request's parameters, seed and step counter live in
+per-slot buffers, and a batch is drawn by its slot ids with counter-based randomness
+(``mstar.sampling.counter_rng``).
 
-``sample`` only gathers from fixed-address buffers by a slot-id tensor, runs the
-shared kernel and updates counters in place: no host sync, no per-row Python and
-no allocation that depends on values, so it can be captured in a CUDA graph once
-the host-side hints (see ``SamplingTensors``) and the lazily allocated history
-buffers are settled (pass ``preallocate_history=True`` before capturing).
+Off the CPU ``sample`` only gathers from fixed-address buffers by a slot-id tensor, runs
+the shared kernel and updates counters in place: no host sync, no per-row Python and no
+allocation that depends on values. A CUDA graph could therefore capture it once the
+host-side hints (see ``SamplingTensors``) and the lazily allocated history buffers are
+settled (``preallocate_history=True``); ``tests/core/sampling/test_sampling_cuda.py``
+does, but the engine captures no graph today.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from mstar.sampling.tensors import SampleOutput, SamplingTensors, SeenTokens
 TokenIds = Sequence[int] | Tensor
 
 
-class CudaGraphableSampler:
-    """Same math as ``Sampler``; parameters are registered per slot, not passed per call.
+class SlotSampler:
+    """Per-slot batch sampler: parameters are registered per slot, not passed per call,
+    and every draw runs ``kernel.sample_batch`` over the batch's slots.
 
     The slot's step counter is both the index into its random stream and the number
     of tokens generated (for min_tokens). History for penalties ([max_slots, V]

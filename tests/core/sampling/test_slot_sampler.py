@@ -1,14 +1,15 @@
-"""CudaGraphableSampler: identical to the eager Sampler; slot state and counters."""
+"""SlotSampler (the per-slot sampler of every device): identical to the eager Sampler;
+slot state and counters."""
 
 import random
 
 import pytest
 import torch
 from mstar.sampling import (
-    CudaGraphableSampler,
     Sampler,
     SamplingParams,
     SamplingTensors,
+    SlotSampler,
     token_counts,
     token_mask,
 )
@@ -25,12 +26,12 @@ class Mirror:
 
 
 @pytest.mark.parametrize("trial", range(24))
-def test_graphable_matches_eager(trial):
+def test_slot_sampler_matches_eager(trial):
     rng = random.Random(1000 + trial)
     gen = torch.Generator().manual_seed(trial)
     vocab = rng.choice([9, 64, 257])
     max_slots = 12
-    graph = CudaGraphableSampler(max_slots, vocab)
+    graph = SlotSampler(max_slots, vocab)
     mirror: dict[int, Mirror] = {}
     history = trial % 3 != 0  # some trials never allocate history buffers
 
@@ -98,7 +99,7 @@ def test_graphable_matches_eager(trial):
 
 
 def test_step_counter_and_advance_mask():
-    g = CudaGraphableSampler(4, 32)
+    g = SlotSampler(4, 32)
     g.add_request(1, SamplingParams(), seed=5)
     g.add_request(3, SamplingParams(), seed=6)
     logits = torch.randn(2, 32, generator=torch.Generator().manual_seed(0))
@@ -116,7 +117,7 @@ def test_step_counter_and_advance_mask():
 
 
 def test_history_buffers_are_lazy():
-    g = CudaGraphableSampler(4, 156_000)
+    g = SlotSampler(4, 156_000)
     g.add_request(0, SamplingParams(top_k=5), seed=1)
     assert g.output_counts is None and g._stop_mask is None
     g.add_request(1, SamplingParams(min_tokens=2), seed=1, stop_ids=[0])
@@ -136,14 +137,14 @@ def test_slot_reuse_resets_history():
         g.remove_request(2)
         return toks
 
-    g = CudaGraphableSampler(4, vocab)
+    g = SlotSampler(4, vocab)
     first = run(g)
     assert run(g) == first
     assert 4 not in first[:3]
 
 
 def test_registration_errors():
-    g = CudaGraphableSampler(2, 8)
+    g = SlotSampler(2, 8)
     g.add_request(0, SamplingParams(), seed=1)
     with pytest.raises(ValueError, match="already in use"):
         g.add_request(0, SamplingParams(), seed=1)
@@ -160,7 +161,7 @@ def test_registration_errors():
 def test_restore_undoes_the_penalty_history():
     # A failed step is undone by restore: the next draws equal those after the snapshot.
     vocab = 50
-    graph = CudaGraphableSampler(4, vocab)
+    graph = SlotSampler(4, vocab)
     params = SamplingParams(temperature=1.0, repetition_penalty=3.0, frequency_penalty=1.5)
     for slot in range(3):
         graph.add_request(slot, params, seed=slot, prompt_ids=[1, 2])
@@ -182,7 +183,7 @@ def test_repeated_slot_ids_draw_as_fresh_ones_and_see_slot_changes():
     tensor each time, also after a slot of the batch was re-registered with other params."""
     vocab, gen = 64, torch.Generator().manual_seed(3)
     logits = [torch.randn(2, vocab, generator=gen) for _ in range(6)]
-    hot, cold = CudaGraphableSampler(4, vocab), CudaGraphableSampler(4, vocab)
+    hot, cold = SlotSampler(4, vocab), SlotSampler(4, vocab)
     first = [SamplingParams(temperature=0.9, top_k=5), SamplingParams(temperature=0.0)]
     later = SamplingParams(temperature=1.3, top_p=0.8)
     for s in (hot, cold):
