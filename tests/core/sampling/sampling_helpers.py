@@ -1,10 +1,35 @@
-"""Random parameter mixes shared by the determinism and equivalence tests."""
+"""Random parameter mixes shared by the determinism and equivalence tests, and the eager
+``Sampler`` they compare the engine's sampler with."""
 
 from __future__ import annotations
 
 import random
 
-from mstar.sampling import SamplingParams
+from mstar.sampling import SampleOutput, SamplingParams, SamplingTensors
+from mstar.sampling.kernel import sample_batch
+from torch import Tensor
+
+
+class Sampler:
+    """Stateless eager sampler (test reference); see ``mstar.sampling.kernel`` for the order
+    of operations. Per-row parameters and history come with each call, where ``SlotSampler``
+    keeps them per slot: the tests check that both draw the same tokens.
+
+    History is optional: ``output_counts`` (int32 [B, V], occurrences of each token in
+    the output so far) and ``prompt_mask`` (bool [B, V]) feed the penalties;
+    ``stop_mask`` (bool [B, V], stop ids incl. EOS) feeds min_tokens suppression.
+    None means that step has nothing to act on.
+    """
+
+    def sample(
+        self,
+        logits: Tensor,
+        params: SamplingTensors,
+        output_counts: Tensor | None = None,
+        prompt_mask: Tensor | None = None,
+        stop_mask: Tensor | None = None,
+    ) -> SampleOutput:
+        return sample_batch(logits, params, output_counts, prompt_mask, stop_mask)
 
 
 def random_params(rng: random.Random, *, history: bool = True) -> SamplingParams:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mstar.sampling import Sampler, SamplingParams, SamplingTensors, SlotSampler
+from mstar.sampling import SamplingParams, SamplingTensors, SlotSampler
+from sampling_helpers import Sampler
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

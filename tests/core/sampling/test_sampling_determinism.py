@@ -4,8 +4,8 @@ import random
 
 import pytest
 import torch
-from mstar.sampling import Sampler, SamplingParams, SamplingTensors, token_counts, token_mask
-from sampling_helpers import random_params
+from mstar.sampling import SamplingParams, SamplingTensors, token_counts, token_mask
+from sampling_helpers import Sampler, random_params
 
 V = 1000
 

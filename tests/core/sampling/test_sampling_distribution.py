@@ -9,7 +9,8 @@ probability 0 are never drawn. Seeds are fixed, so the outcome is deterministic.
 import numpy as np
 import pytest
 import torch
-from mstar.sampling import Sampler, SamplingParams, SamplingTensors
+from mstar.sampling import SamplingParams, SamplingTensors
+from sampling_helpers import Sampler
 from sampling_reference import filtered_distribution
 
 N = 20_000

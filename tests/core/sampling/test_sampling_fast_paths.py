@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from mstar.sampling import Sampler, SamplingParams, SamplingTensors, draw
+from mstar.sampling import SamplingParams, SamplingTensors, draw
 from mstar.sampling.vocab_groups import VocabGroups
+from sampling_helpers import Sampler
 from sampling_reference import Ambiguous, reference_draw
 
 PARAMS = [

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mstar.sampling import Sampler, SamplingParams, SamplingTensors, draw
+from mstar.sampling import SamplingParams, SamplingTensors, draw
 from mstar.sampling.vocab_groups import VocabGroups
+from sampling_helpers import Sampler
 from test_sampling_fast_paths import check_against_reference, check_alone_and_reference, logits_of
 
 VOCAB = 40_000  # large enough for group levels (64 groups of 16 <= vocab / 32)

@@ -8,13 +8,13 @@ from mstar.sampling import (
     MAX_SEED,
     MultiSampler,
     MultiSamplingConfig,
-    Sampler,
     SamplingParams,
     SamplingTensors,
     UnknownSamplerLabelError,
     derive_seed,
 )
 from mstar.sampling.resolve import resolve_node
+from sampling_helpers import Sampler
 
 MAIN_DEFAULTS = SamplingParams(temperature=0.7, top_k=50, max_tokens=256)
 AUX_DEFAULTS = {

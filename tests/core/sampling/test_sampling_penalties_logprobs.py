@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from mstar.sampling import Sampler, SamplingParams, SamplingTensors, token_counts, token_mask
+from mstar.sampling import SamplingParams, SamplingTensors, token_counts, token_mask
+from sampling_helpers import Sampler
 from sampling_reference import log_softmax, penalised_logits
 
 LOGITS = [1.5, -0.5, 2.0, 0.0, -1.0, 0.75, 3.0, -2.0]

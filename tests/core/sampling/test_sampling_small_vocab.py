@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mstar.sampling import Sampler, SamplingParams, SamplingTensors, draw
+from mstar.sampling import SamplingParams, SamplingTensors, draw
+from sampling_helpers import Sampler
 from test_sampling_fast_paths import check_alone_and_reference, logits_of
 
 PARAMS = [

@@ -6,14 +6,13 @@ import random
 import pytest
 import torch
 from mstar.sampling import (
-    Sampler,
     SamplingParams,
     SamplingTensors,
     SlotSampler,
     token_counts,
     token_mask,
 )
-from sampling_helpers import random_params
+from sampling_helpers import Sampler, random_params
 
 
 class Mirror:

@@ -176,9 +176,6 @@ class GraphSpec:
         if not self.partitions:
             self.partitions = tuple(dict.fromkeys(w.partition for w in self.walks.values()))
 
-    def node_walks(self, node: str) -> set[str]:
-        return {w.name for w in self.walks.values() if any(s.node == node for s in iter_steps(w.body))}
-
     def stream_edges(self) -> dict[str, Signal]:
         return {name: s for name, s in self.signals.items() if s.stream is not None}
 

@@ -4,7 +4,6 @@ from mstar.sampling.counter_rng import random_bits, uniform
 from mstar.sampling.multi import MAIN_LABEL, MultiSamplingConfig, UnknownSamplerLabelError
 from mstar.sampling.multi_sampler import BatchSampler, MultiSampler
 from mstar.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
-from mstar.sampling.sampler import Sampler
 from mstar.sampling.seeds import MAX_SEED, derive_seed, fresh_seed
 from mstar.sampling.slot_sampler import SlotSampler
 from mstar.sampling.tensors import SampleOutput, SamplingTensors, token_counts, token_mask
@@ -17,7 +16,6 @@ __all__ = [
     "MultiSampler",
     "MultiSamplingConfig",
     "SampleOutput",
-    "Sampler",
     "SamplingParams",
     "SamplingTensors",
     "SlotSampler",

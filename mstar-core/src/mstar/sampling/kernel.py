@@ -1,4 +1,4 @@
-"""The sampling math shared by the eager ``Sampler`` and ``SlotSampler``.
+"""The sampling math ``SlotSampler`` runs (``sample_batch``), one function for every batch.
 
 Order of operations (per row, all rows at once):
 
@@ -12,7 +12,7 @@ Order of operations (per row, all rows at once):
 4. raw logprobs from the logits of step 2, when some row asked for them.
 
 No RNG state: a row's token is a function of its logits, parameters and (seed, step)
-only, and both samplers run this same function.
+only, whatever else is in the batch.
 """
 
 from __future__ import annotations
