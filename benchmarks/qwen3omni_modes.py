@@ -1,4 +1,4 @@
-"""Qwen3-Omni, seed 001's five modes over HTTP: i2t, s2t (text out) and i2s, s2s, t2s (speech
+"""Qwen3-Omni in five modes over HTTP: i2t, s2t (text out) and i2s, s2s, t2s (speech
 out) at concurrency 1, 8 and 32; a real ``mstar serve`` vs transformers'
 ``Qwen3OmniMoeForConditionalGeneration.generate`` on the same random checkpoint, as ratios in
 one run.

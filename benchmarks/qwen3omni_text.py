@@ -1,4 +1,4 @@
-"""Qwen3-Omni Thinker, seed 001's text-out modes: text->text, image->text and speech->text.
+"""Qwen3-Omni Thinker, its text-out modes: text->text, image->text and speech->text.
 Throughput and time to first token at concurrency 1, 8 and 32, ``mstar.Engine`` vs
 transformers' ``Qwen3OmniMoeThinkerForConditionalGeneration.generate`` on the same random
 checkpoint, printed as ratios in one run.

@@ -63,7 +63,7 @@ def test_sizes_come_from_the_config(omni_ckpt):
 
 
 def test_core_names_no_qwen3_omni():
-    """Core's sources, metadata and docs never name the model (seed 001's review)."""
+    """Core's sources, metadata and docs never name the model: it lives in its plugin alone."""
     pattern = re.compile(r"qwen3 ?omni|qwen3_omni|qwen3-omni", re.IGNORECASE)
     files = [*(CORE / "src").rglob("*.py"), CORE / "pyproject.toml", CORE / "README.md"]
     hits = [f"{p.relative_to(CORE)}:{i}" for p in files if p.is_file()

@@ -1,4 +1,4 @@
-"""The submodule contract the engines drive (seed 002's vocabulary, simplified).
+"""The submodule contract the engines drive (its reference: docs/reference.md).
 
 Per step of a node the engine calls, for each row (request):
 ``prepare_inputs`` (its signals → ``NodeInputs``; for a long prompt ``split_inputs`` cuts

@@ -152,8 +152,9 @@ def check_node_samplers(ctx: ConformanceContext) -> str:
 
 
 def check_sampler_labels_static(ctx: ConformanceContext) -> str:
-    # The engine allocates per-label sampler buffers once at start-up (seed 000): a label
-    # set that varies would leave later labels silently unserved.
+    # The engine builds each node's sampler (a MultiSampler, one SlotSampler per label) once at
+    # start-up (mstar/engine/builder.py): a label set that varies would leave later labels
+    # silently unserved.
     first = _label_sets(_samplers(ctx))
     for call in (2, 3):
         again = _label_sets(ctx.loaded.hook.mstar_node_samplers(config=ctx.config))

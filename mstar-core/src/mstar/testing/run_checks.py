@@ -1,5 +1,6 @@
 """Conformance checks that run the plugin: build its nodes and push requests through the
-real engine on the tiny checkpoint (DESIGN §3: every walk runs once; seeds reproduce)."""
+real engine on the tiny checkpoint: every walk of the graph runs for the example requests,
+a seeded request gives the same output again and beside an unseeded copy, the stop rules hold."""
 
 from __future__ import annotations
 
