@@ -29,6 +29,26 @@ Both sides sample with the checkpoint's defaults and generate exactly ``--frames
 qwen-tts returns audio when the batch is done. RTF = request wall time / audio seconds
 (lower is better); throughput = audio seconds per wall second over the batch; ratios are
 printed so that > 1 favours mstar.
+
+``--saved-voice`` (issue #38's prefix-caching target) measures instead one saved voice
+speaking ``--sentences`` (8) sentences one after another, on a mid-size random Base
+(voice clone) checkpoint, with and without ``prefix_caching`` (two engines, same weights,
+16-position blocks): the TTFA of sentence 1 against the median of sentences 2..N, and the
+prompt positions each sentence computed. The voice is a clone prompt as a saved voice
+stores it (in-context mode: x-vector, reference codes of ``--ref-seconds`` of audio, a
+transcript of ``--ref-text-tokens`` tokens) with random values, and the sentences are
+12-24 random ordinary text tokens: token counts of real English (the tiny tokenizer spells
+text nearly character by character, which would inflate both). Each of ``--rounds``
+rounds takes a fresh voice and sentences, runs on then off (alternating which first), and
+each engine first speaks one sentence in another voice (warm-up), and last sentence 1
+again ("TTFA 1 again": with the cache, its whole prompt but one position is mapped, the
+most prefix caching can save at this size). The first sentence's
+prompt is computed whole; later ones map the voice's whole blocks (qwen-tts's layout puts
+the role, think tags, x-vector and transcript before the sentence's text, and the
+reference codes after it or beside it, so only the former can be shared).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/qwen3tts_tts.py --saved-voice --threads 1 --rounds 3 \
+        --json benchmarks/results/qwen3tts_saved_voice_2026-12-05.json
 """
 
 from __future__ import annotations
@@ -38,6 +58,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -47,8 +68,9 @@ import torch
 from mstar import Engine
 from mstar.bench import BenchRequest, LocalServer, RunOptions
 from mstar.bench import run as bench_run
+from mstar_qwen3tts.clone_loading import codec_encoder_rates, reference_frames
 from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
-from mstar_qwen3tts.prompt import assistant_text, build_prompt
+from mstar_qwen3tts.prompt import assistant_text, build_clone_prompt, build_prompt
 from mstar_qwen3tts.text_tokenizer import encode, load_tokenizer
 from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
 
@@ -133,6 +155,99 @@ def _median(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
 
 
+def timed_request(engine: Engine, inputs: dict, frames: int) -> float:
+    """One request alone: seconds from ``add_request`` to its first audio chunk (it runs
+    to its end before this returns)."""
+    sampling = {"talker": {"main": {"max_tokens": frames, "min_tokens": frames}}}
+    start = time.perf_counter()
+    handle = engine.add_request(inputs, sampling)
+    first = 0.0
+    while True:
+        out = handle.queue.get()
+        if out.signal == "audio" and not first:
+            first = time.perf_counter() - start
+        if out.finished:
+            assert out.error is None, out.error
+            return first
+
+
+def saved_voice_prompts(ckpt: Path, rng: torch.Generator, sentences: int, ref_seconds: float,
+                        ref_text_tokens: int) -> list[dict]:
+    """A random saved voice (in-context clone prompt) and ``sentences`` prompts in it."""
+    config = load_config(ckpt)
+    cfg = Qwen3TTSConfig.from_dict(config)
+    role_and_tail = encode(load_tokenizer(ckpt), assistant_text("x"))
+    ordinary = sorted(set(encode(load_tokenizer(ckpt), "the quick brown fox jumps over a lazy dog, 0123456789.")))
+    words = torch.tensor(ordinary)
+
+    def text(n: int) -> list[int]:
+        return words[torch.randint(len(ordinary), (n,), generator=rng)].tolist()
+
+    rate, _ = codec_encoder_rates(config)
+    ref_frames = reference_frames(config, int(ref_seconds * rate))
+    speaker = torch.randn(cfg.talker.hidden_size, generator=rng)
+    codes = torch.randint(cfg.codec.codebook_size, (ref_frames, cfg.talker.num_code_groups), generator=rng)
+    transcript = text(ref_text_tokens)
+    out = []
+    for _ in range(sentences):
+        ids = [*role_and_tail[:3], *text(int(torch.randint(12, 25, (1,), generator=rng))), *role_and_tail[-5:]]
+        out.append(build_clone_prompt(cfg, ids, speaker, codes, transcript, "english", True).inputs())
+    return out
+
+
+def saved_voice_main(args: argparse.Namespace) -> None:
+    results: dict[str, list[dict]] = {"on": [], "off": []}
+    with tempfile.TemporaryDirectory(prefix="qwen3tts-voice-") as tmp:
+        ckpt = write_checkpoint(Path(tmp) / "mid-base", preset="mid", seed=0, kind="base")
+        engines = {"on": Engine.from_model("qwen3tts", weights=ckpt, prefix_caching=True, block_size=16),
+                   "off": Engine.from_model("qwen3tts", weights=ckpt, block_size=16)}
+        for r in range(args.rounds):
+            rng = torch.Generator().manual_seed(1000 + r)
+            prompts = saved_voice_prompts(ckpt, rng, args.sentences, args.ref_seconds, args.ref_text_tokens)
+            warm = saved_voice_prompts(ckpt, rng, 1, args.ref_seconds, args.ref_text_tokens)[0]  # another voice
+            for name in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                engine = engines[name]
+                timed_request(engine, warm, args.frames)
+                ttfa, computed = [], []
+                for p in prompts:
+                    hits = engine.core.stats.prefix_hit_tokens
+                    ttfa.append(timed_request(engine, p, args.frames))
+                    computed.append(p["text_ids"].numel() - (engine.core.stats.prefix_hit_tokens - hits))
+                # The bound: sentence 1 again, its whole prompt but the last position cached.
+                repeat = timed_request(engine, prompts[0], args.frames)
+                results[name].append({"ttfa_s": ttfa, "prompt_positions": [p["text_ids"].numel() for p in prompts],
+                                      "computed_positions": computed, "ttfa_repeat_s": repeat})
+        for engine in engines.values():
+            engine.close()
+    summary = {}
+    print(f"Qwen3-TTS mid-size random Base checkpoint, one saved voice (in-context: {args.ref_seconds:g} s of reference "
+          f"codes, {args.ref_text_tokens}-token transcript), {args.sentences} sentences of 12-24 tokens one after another, "
+          f"{args.frames} frames each; torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}; "
+          f"median of {args.rounds} rounds")
+    print(f"{'prefix caching':<15} {'TTFA 1 ms':>10} {'TTFA 2..N ms':>13} {'ratio 1/(2..N)':>15} {'positions 1':>12} "
+          f"{'computed 2..N':>14} {'TTFA 1 again':>14}")
+    for name, rounds in results.items():
+        first = statistics.median(r["ttfa_s"][0] for r in rounds)
+        later = statistics.median(statistics.median(r["ttfa_s"][1:]) for r in rounds)
+        ratio = statistics.median(r["ttfa_s"][0] / statistics.median(r["ttfa_s"][1:]) for r in rounds)
+        computed = statistics.median(c for r in rounds for c in r["computed_positions"][1:])
+        positions = statistics.median(r["prompt_positions"][0] for r in rounds)
+        repeat = statistics.median(r["ttfa_repeat_s"] for r in rounds)
+        summary[name] = {"ttfa_first_s": first, "ttfa_later_median_s": later, "ratio_first_over_later": ratio,
+                         "prompt_positions_first": positions, "computed_positions_later_median": computed,
+                         "ttfa_repeat_first_s": repeat}
+        print(f"{name:<15} {first * 1e3:>10.1f} {later * 1e3:>13.1f} {ratio:>15.2f} {positions:>12.0f} {computed:>14.0f} "
+              f"{repeat * 1e3:>14.1f}")
+    later_ratio = summary["off"]["ttfa_later_median_s"] / summary["on"]["ttfa_later_median_s"]
+    print(f"sentences 2..N, TTFA off/on: x{later_ratio:.2f}")
+    if args.json:
+        command = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} {os.path.relpath(sys.executable)} {' '.join(sys.argv)}"
+        record = {"command": command,
+                  "args": vars(args), "torch_threads": torch.get_num_threads(), "loadavg": os.getloadavg(),
+                  "summary": summary, "later_off_over_on": later_ratio, "rounds": results}
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=40)
@@ -149,9 +264,21 @@ def main() -> None:
                         help="also mstar with compile_regions=True (talker frame, layer stack and codec through torch.compile)")
     parser.add_argument("--baseline", action="store_true",
                         help="also mstar with the earlier defaults (one codec row per call, codec after the talker)")
+    parser.add_argument("--saved-voice", action="store_true",
+                        help="one saved voice, --sentences sentences one after another, prefix caching on vs off")
+    parser.add_argument("--sentences", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="--saved-voice: rounds, each with a fresh voice")
+    parser.add_argument("--ref-seconds", type=float, default=10.0, help="--saved-voice: the reference clip's length")
+    parser.add_argument("--ref-text-tokens", type=int, default=30, help="--saved-voice: the transcript's tokens")
+    parser.add_argument("--json", default=None, help="--saved-voice: write the figures here")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.saved_voice:
+        if args.frames == 40:  # TTFA needs only the first chunk; keep the run short
+            args.frames = 16
+        saved_voice_main(args)
+        return
     runs: dict[tuple[str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="qwen3tts-bench-") as tmp:
         streaming = {} if args.codec_batch is None else {"mstar_streaming": {"codec_batch": args.codec_batch}}

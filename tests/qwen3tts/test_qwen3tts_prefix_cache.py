@@ -1,6 +1,6 @@
 """The talker with prefix caching: prompts that open alike (a saved voice's head and
 transcript, a built-in speaker's head) share those blocks and speak as an engine without
-the cache (codes equal, audio within 1e-5); a position is identified by everything its
+the cache (codes equal, audio within 1e-5), as do a voice description's; a position is identified by everything its
 embedding row sums, so another x-vector or other reference codes part the prompts at that
 row; every block is given back."""
 
@@ -14,8 +14,15 @@ import torch
 from mstar import Engine
 from mstar_qwen3tts.clone_prompt import CloneEncoder, ClonePrompt
 from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
-from mstar_qwen3tts.prompt import REF_FRAME, SPEAKER_SLOT, build_clone_prompt
-from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
+from mstar_qwen3tts.prompt import (
+    REF_FRAME,
+    SPEAKER_SLOT,
+    build_clone_prompt,
+    build_prompt,
+    instruct_text,
+)
+from mstar_qwen3tts.text_tokenizer import encode, load_tokenizer
+from mstar_qwen3tts.tiny_checkpoint import write_checkpoint, write_voice_design_checkpoint
 from qwen3tts_helpers import greedy, speech_inputs, token_ids
 
 BLOCK = 4
@@ -152,4 +159,30 @@ def test_a_builtin_speaker_shares_its_head_and_not_another_speakers(engines, cac
     assert _common(one, two) > _common(two, other) >= BLOCK  # the speaker's row parts them
     for got, prompt in zip(results, (one, two, other), strict=True):
         _same(got, plain.run_batch([_request(prompt)])[0])
+    assert cached.core.nodes["talker"].kv.num_used_blocks == 0
+
+
+def test_a_voice_description_is_shared_and_another_is_not(engines, cached_engine, tmp_path):
+    """VoiceDesign: the instruction (the voice's description) opens the prompt, so sentences
+    with one description share it; another description parts the prompts at its first
+    differing token."""
+    ckpt = write_voice_design_checkpoint(tmp_path / "design")
+    cfg = Qwen3TTSConfig.from_dict(load_config(ckpt))
+    cached = cached_engine(ckpt)
+    plain = engines(ckpt)
+
+    def prompt(description: str, text: str) -> dict[str, torch.Tensor]:
+        instruct = encode(load_tokenizer(ckpt), instruct_text(description))
+        return build_prompt(cfg, token_ids(ckpt, text), None, "english", True, instruct).inputs()
+
+    calm = "A calm, low voice, speaking slowly and warmly to a friend."
+    prompts = [prompt(calm, "First words."), prompt(calm, "Second, other words."), prompt("A bright voice.", "Second, other words.")]
+    stats = cached.core.stats
+    for i, p in enumerate(prompts):
+        hits = stats.prefix_hit_tokens
+        result = cached.run_batch([_request(p)])[0]
+        if i:
+            assert stats.prefix_hit_tokens - hits == _common(prompts[i - 1], p) // BLOCK * BLOCK
+        _same(result, plain.run_batch([_request(p)])[0])
+    assert _common(prompts[0], prompts[1]) > len(calm) // 2 > _common(prompts[1], prompts[2])
     assert cached.core.nodes["talker"].kv.num_used_blocks == 0
