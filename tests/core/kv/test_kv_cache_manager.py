@@ -44,20 +44,9 @@ def test_exhaustion_returns_false_and_leaves_state_unchanged() -> None:
     assert not kv.append("a", "main", 5)  # needs 2 more blocks, 1 free
     assert kv.block_table("a", "main") == table and kv.num_tokens("a", "main") == 8
     assert not kv.append("b", "main", 5)
-    assert "b" not in kv.requests() and not kv.has_stream("b", "main")
+    assert "b" not in kv.requests() and kv.streams("b") == []
     assert kv.num_free_blocks == 1
     assert kv.append("b", "main", 4)  # exactly one block still fits
-
-
-def test_can_append_counts_rows_together() -> None:
-    kv = make(num_blocks=4, block_size=4)
-    assert kv.append("a", "main", 2)  # 1 block, 2 slots left in it
-    assert kv.can_append([("a", "main", 2), ("b", "main", 12)])  # 0 + 3 blocks
-    assert not kv.can_append([("a", "main", 3), ("b", "main", 12)])  # 1 + 3 blocks
-    # the same stream twice accumulates before rounding up to blocks
-    assert kv.can_append([("c", "main", 6), ("c", "main", 6)])  # 3 blocks
-    assert not kv.can_append([("c", "main", 6), ("c", "main", 7)])  # 4 blocks
-    assert kv.num_free_blocks == 3  # can_append reserves nothing
 
 
 def test_several_streams_per_request_and_free_request_returns_all() -> None:

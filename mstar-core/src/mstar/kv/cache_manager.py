@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,8 +17,6 @@ from mstar.kv.prefix_cache import ROOT, BlockKey, PrefixCache, block_key
 DEFAULT_STREAM = "main"
 
 RequestId = Hashable
-# (request_id, stream, n_new): one stream's growth in a step.
-AppendRow = tuple[RequestId, str, int]
 
 
 @dataclass
@@ -190,9 +188,6 @@ class KVCacheManager:
     def streams(self, request_id: RequestId) -> list[str]:
         return list(self._streams.get(request_id, ()))
 
-    def has_stream(self, request_id: RequestId, stream: str = DEFAULT_STREAM) -> bool:
-        return stream in self._streams.get(request_id, {})
-
     def num_tokens(self, request_id: RequestId, stream: str = DEFAULT_STREAM) -> int:
         state = self._lookup(request_id, stream)
         return state.num_tokens if state is not None else 0
@@ -209,17 +204,6 @@ class KVCacheManager:
         have_tokens = state.num_tokens if state is not None else 0
         have_blocks = len(state.blocks) if state is not None else 0
         return max(0, _ceil_div(have_tokens + n_new, self.block_size) - have_blocks)
-
-    def can_append(self, rows: Iterable[AppendRow]) -> bool:
-        """Whether every row could be appended together (a stream may appear twice)."""
-        growth: dict[tuple[RequestId, str], int] = {}
-        for request_id, stream, n_new in rows:
-            if n_new < 0:
-                raise ValueError(f"n_new must be >= 0, got {n_new}")
-            key = (request_id, stream)
-            growth[key] = growth.get(key, 0) + n_new
-        needed = sum(self.blocks_needed(rid, s, n) for (rid, s), n in growth.items())
-        return needed <= self.num_free_blocks
 
     def append(self, request_id: RequestId, stream: str, n_new: int) -> bool:
         """Grow the stream by ``n_new`` tokens, reserving blocks as needed.
