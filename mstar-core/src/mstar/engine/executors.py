@@ -138,7 +138,7 @@ class NodeExecutor:
                 drawn = drawn.index_select(0, torch.tensor(positions, device=drawn.device))
             core = rule.apply(
                 [r.req.slots[self.node.name] for r in done],
-                drawn.cpu().numpy(),
+                drawn.tolist(),
                 [r.cache_len for r in done],
                 [r.step.outputs for r in done],
             )
