@@ -7,7 +7,7 @@ import torch
 from mstar.api.errors import ApiError
 from mstar.server.messages import AbortRequest, AddRequest, CloseStream, Event, PushStream
 from mstar.server.router import Finished, Router
-from mstar.server.tensor_codec import TensorCodec
+from mstar.server.tensor_codec import SHM_DIR, TensorCodec
 
 
 class FakeEngine:
@@ -177,3 +177,25 @@ def test_kwargs_the_walk_choice_rejects_are_a_400():
     with pytest.raises(ApiError) as err:
         router.submit("r", {"ids": torch.tensor([1])}, {}, {"voice": "nobody"}, None)
     assert err.value.status == 400 and "ethan" in str(err.value) and engines["a"].sent == [] and "r" not in router.streams
+
+
+def test_a_stream_item_crosses_the_api_process_as_it_came(setup, monkeypatch):
+    """A large item (through shared memory) goes to the consuming engine in the engine's own
+    message: the same segment, not decoded and encoded again here; if that engine cannot take
+    it, the segment is freed."""
+    router, engines, _ = setup
+    sender = TensorCodec("mstar_routertest_", threshold=16)  # the producing engine's codec
+    router.submit("r", {}, {}, {}, None)
+    decoded = []
+    monkeypatch.setattr(router.codec, "decode", lambda msg: decoded.append(msg) or TensorCodec.decode(msg))
+    item = torch.arange(64.0).reshape(8, 8)
+    msg = sender.encode(item)
+    assert msg.shm is not None
+    router.on_events("a", [Event("r", "codes", msg, stream_item=True)])
+    push = engines["b"].sent[-1]
+    assert isinstance(push, PushStream) and push.value is msg and not decoded
+    assert torch.equal(TensorCodec.decode(push.value), item)  # the consumer's side: its bytes, then freed
+    engines["b"].down_reason = "crashed"
+    lost = sender.encode(item)
+    router.on_events("a", [Event("r", "codes", lost, stream_item=True)])
+    assert lost.shm is None and not any(SHM_DIR.glob("mstar_routertest_*"))

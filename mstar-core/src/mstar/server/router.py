@@ -315,8 +315,10 @@ class Router:
                 self.codec.decode(ev.value)  # still frees its segment
             return
         if ev.stream_item and ev.value is not None:
-            value = self.codec.decode(ev.value)
-            self._send(target, PushStream(stream.request_id, ev.signal or "", self.codec.encode(value)))
+            # Passed on as it came: the consuming engine decodes it (and frees its shared
+            # memory segment), so an item crosses this process without a copy.
+            if not self._send(target, PushStream(stream.request_id, ev.signal or "", ev.value)):
+                self.codec.discard(ev.value)
         else:
             self._send(target, CloseStream(stream.request_id, ev.signal or ""))
 
@@ -366,11 +368,14 @@ class Router:
                 stream.pending.discard(name)
                 self.fail(rid, Finished("error", f"engine {name!r} {reason}", 503))
 
-    def _send(self, engine: str, cmd: Any) -> None:
+    def _send(self, engine: str, cmd: Any) -> bool:
+        """Whether ``cmd`` went out (a dead or unknown engine gets nothing)."""
         handle = self.engines.get(engine)
         if handle is None or not handle.alive:
-            return
+            return False
         try:
             handle.send(cmd)
         except Exception as exc:  # a dead peer: its monitor reports it
             log.warning("could not send to engine %s: %s", engine, exc)
+            return False
+        return True
