@@ -134,3 +134,28 @@ def test_bad_features_fail_their_request_alone(engines, ckpt: Path, adapter: Qwe
     assert "ref_mel must be float" in (results[0].error or "")
     assert results[1].error is None and results[1].cat("audio").numel() > 0
     assert "clone_encode" in (results[2].error or "")
+
+
+def test_a_clip_sent_again_is_not_encoded_again(engines, ckpt: Path, adapter: Qwen3TTSApiAdapter) -> None:
+    """With prefix caching, the encoders keep their outputs by the clip's features: a request
+    that sends the same clip again (another sentence in the same voice) runs neither encoder
+    and speaks exactly as on an engine without the cache; another clip is encoded."""
+    engine = engines(ckpt, prefix_caching=True)
+    plain = engines(ckpt)
+    speaker = engine.core.nodes["speaker_encoder"].submodule
+    codec = engine.core.nodes["codec_encoder"].submodule
+    clip = _wav(0.6, 4)
+    first = _request(adapter, "A first sentence in this voice.", clip, "the clip's words")
+    again = _request(adapter, "And a second one, same voice.", clip, "the clip's words")
+    other = _request(adapter, "And a second one, same voice.", _wav(0.6, 5), "the clip's words")
+    heard = [engine.run_batch([first])[0]]
+    calls = (speaker.calls, codec.calls)
+    heard.append(engine.run_batch([again])[0])
+    assert (speaker.calls, codec.calls) == calls  # nothing encoded
+    heard.append(engine.run_batch([other])[0])
+    assert (speaker.calls, codec.calls) == (calls[0] + 1, calls[1] + 1)
+    # The talker shares the voice's prompt prefix too: audio within float rounding of a cold engine.
+    for result, request in zip(heard, (first, again, other), strict=True):
+        ref = plain.run_batch([request])[0]
+        assert result.error is None and ref.error is None
+        torch.testing.assert_close(result.cat("audio"), ref.cat("audio"), rtol=0, atol=1e-5)
