@@ -49,6 +49,12 @@ reference codes after it or beside it, so only the former can be shared).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/qwen3tts_tts.py --saved-voice --threads 1 --rounds 3 \
         --json benchmarks/results/qwen3tts_saved_voice_2026-12-05.json
+
+With ``--inline-clip`` every request sends the clip itself (``ref_audio`` of ``--ref-seconds``
+of a random tone and noise, ``ref_text`` of ``--ref-text-tokens`` words) through the plugin's
+adapter, as ``/v1/audio/speech`` does, so the clone encoders run in the engine: with prefix
+caching, requests 2..N take the clip's x-vector and reference codes from the encoders'
+output cache and the voice's prompt head from the prefix cache.
 """
 
 from __future__ import annotations
@@ -155,12 +161,12 @@ def _median(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
 
 
-def timed_request(engine: Engine, inputs: dict, frames: int) -> float:
+def timed_request(engine: Engine, inputs: dict, frames: int, kwargs: dict | None = None) -> float:
     """One request alone: seconds from ``add_request`` to its first audio chunk (it runs
     to its end before this returns)."""
     sampling = {"talker": {"main": {"max_tokens": frames, "min_tokens": frames}}}
     start = time.perf_counter()
-    handle = engine.add_request(inputs, sampling)
+    handle = engine.add_request(inputs, sampling, kwargs)
     first = 0.0
     while True:
         out = handle.queue.get()
@@ -195,6 +201,41 @@ def saved_voice_prompts(ckpt: Path, rng: torch.Generator, sentences: int, ref_se
     return out
 
 
+def inline_clip_requests(ckpt: Path, rng: torch.Generator, sentences: int, ref_seconds: float,
+                         ref_text_tokens: int) -> list[tuple[dict, dict]]:
+    """``sentences`` speech requests (engine inputs, kwargs) that each send the same
+    reference clip (a random tone and noise of ``ref_seconds``) with its transcript, made by
+    the plugin's adapter as the server makes them: the encoders run in the engine."""
+    import base64
+    import io
+
+    import numpy as np
+    import soundfile as sf
+    from mstar.api.protocol import SpeechRequest
+    from mstar_qwen3tts.adapter import Qwen3TTSApiAdapter
+
+    adapter = Qwen3TTSApiAdapter(load_config(ckpt), ckpt)
+    seed = int(torch.randint(1 << 30, (1,), generator=rng))
+    t = np.arange(int(ref_seconds * 24000)) / 24000
+    wave = 0.3 * np.sin(2 * np.pi * (120 + seed % 200) * t) + 0.05 * np.random.default_rng(seed).standard_normal(t.shape)
+    buf = io.BytesIO()
+    sf.write(buf, wave.astype(np.float32), 24000, format="WAV", subtype="FLOAT")
+    clip = base64.b64encode(buf.getvalue()).decode()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "then", "it", "rests"]
+
+    def text(n: int) -> str:
+        return " ".join(words[int(i)] for i in torch.randint(len(words), (n,), generator=rng))
+
+    transcript = text(ref_text_tokens)
+    out = []
+    for _ in range(sentences):
+        request = SpeechRequest.model_validate({"model": "m", "input": text(int(torch.randint(12, 25, (1,), generator=rng))),
+                                                "ref_audio": clip, "ref_text": transcript})
+        made = adapter.speech_inputs(request)
+        out.append((made.inputs, made.kwargs))
+    return out
+
+
 def saved_voice_main(args: argparse.Namespace) -> None:
     results: dict[str, list[dict]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory(prefix="qwen3tts-voice-") as tmp:
@@ -203,24 +244,31 @@ def saved_voice_main(args: argparse.Namespace) -> None:
                    "off": Engine.from_model("qwen3tts", weights=ckpt, block_size=16)}
         for r in range(args.rounds):
             rng = torch.Generator().manual_seed(1000 + r)
-            prompts = saved_voice_prompts(ckpt, rng, args.sentences, args.ref_seconds, args.ref_text_tokens)
-            warm = saved_voice_prompts(ckpt, rng, 1, args.ref_seconds, args.ref_text_tokens)[0]  # another voice
+            make = inline_clip_requests if args.inline_clip else saved_voice_prompts
+            prompts = make(ckpt, rng, args.sentences, args.ref_seconds, args.ref_text_tokens)
+            warm = make(ckpt, rng, 1, args.ref_seconds, args.ref_text_tokens)[0]  # another voice
+            if not args.inline_clip:
+                prompts, warm = [(p, {}) for p in prompts], (warm, {})
             for name in (("on", "off") if r % 2 == 0 else ("off", "on")):
                 engine = engines[name]
-                timed_request(engine, warm, args.frames)
-                ttfa, computed = [], []
-                for p in prompts:
+                timed_request(engine, *warm[:1], args.frames, warm[1])
+                ttfa, computed, positions = [], [], []
+                for p, kw in prompts:
                     hits = engine.core.stats.prefix_hit_tokens
-                    ttfa.append(timed_request(engine, p, args.frames))
-                    computed.append(p["text_ids"].numel() - (engine.core.stats.prefix_hit_tokens - hits))
+                    ttfa.append(timed_request(engine, p, args.frames, kw))
+                    # An inline clip's prompt grows by its reference codes in the engine: count what ran.
+                    total = p["text_ids"].numel() if "text_ids" in p else None
+                    positions.append(total)
+                    computed.append(None if total is None else total - (engine.core.stats.prefix_hit_tokens - hits))
                 # The bound: sentence 1 again, its whole prompt but the last position cached.
-                repeat = timed_request(engine, prompts[0], args.frames)
-                results[name].append({"ttfa_s": ttfa, "prompt_positions": [p["text_ids"].numel() for p in prompts],
+                repeat = timed_request(engine, prompts[0][0], args.frames, prompts[0][1])
+                results[name].append({"ttfa_s": ttfa, "prompt_positions": positions,
                                       "computed_positions": computed, "ttfa_repeat_s": repeat})
         for engine in engines.values():
             engine.close()
     summary = {}
-    print(f"Qwen3-TTS mid-size random Base checkpoint, one saved voice (in-context: {args.ref_seconds:g} s of reference "
+    voice = "one reference clip sent with every request" if args.inline_clip else "one saved voice"
+    print(f"Qwen3-TTS mid-size random Base checkpoint, {voice} (in-context: {args.ref_seconds:g} s of reference "
           f"codes, {args.ref_text_tokens}-token transcript), {args.sentences} sentences of 12-24 tokens one after another, "
           f"{args.frames} frames each; torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}; "
           f"median of {args.rounds} rounds")
@@ -230,8 +278,11 @@ def saved_voice_main(args: argparse.Namespace) -> None:
         first = statistics.median(r["ttfa_s"][0] for r in rounds)
         later = statistics.median(statistics.median(r["ttfa_s"][1:]) for r in rounds)
         ratio = statistics.median(r["ttfa_s"][0] / statistics.median(r["ttfa_s"][1:]) for r in rounds)
-        computed = statistics.median(c for r in rounds for c in r["computed_positions"][1:])
-        positions = statistics.median(r["prompt_positions"][0] for r in rounds)
+        # An inline clip's prompt is built in the engine (after its encoders): no count here.
+        counted = [c for r in rounds for c in r["computed_positions"][1:] if c is not None]
+        computed = statistics.median(counted) if counted else float("nan")
+        firsts = [r["prompt_positions"][0] for r in rounds if r["prompt_positions"][0] is not None]
+        positions = statistics.median(firsts) if firsts else float("nan")
         repeat = statistics.median(r["ttfa_repeat_s"] for r in rounds)
         summary[name] = {"ttfa_first_s": first, "ttfa_later_median_s": later, "ratio_first_over_later": ratio,
                          "prompt_positions_first": positions, "computed_positions_later_median": computed,
@@ -268,6 +319,8 @@ def main() -> None:
                         help="one saved voice, --sentences sentences one after another, prefix caching on vs off")
     parser.add_argument("--sentences", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="--saved-voice: rounds, each with a fresh voice")
+    parser.add_argument("--inline-clip", action="store_true", help="--saved-voice: every request sends the reference "
+                        "clip itself (ref_audio + ref_text through the adapter; the clone encoders run in the engine)")
     parser.add_argument("--ref-seconds", type=float, default=10.0, help="--saved-voice: the reference clip's length")
     parser.add_argument("--ref-text-tokens", type=int, default=30, help="--saved-voice: the transcript's tokens")
     parser.add_argument("--json", default=None, help="--saved-voice: write the figures here")
