@@ -18,7 +18,7 @@ from mstar.engine.executors import LOGITS, LoadedNode, NodeExecutionError, Row
 from mstar.engine.kv_history import KVHistory
 from mstar.engine.overlap import OverlapWorker
 from mstar.engine.request import Request, RequestOutput, RequestStatus, step_key
-from mstar.engine.scheduler import EngineStats, Scheduler, SchedulerConfig
+from mstar.engine.scheduler import Scheduler, SchedulerConfig, StepCounters
 from mstar.engine.scheduling_policy import SchedulingPolicy
 from mstar.engine.stream_buffer import StreamBuffer
 from mstar.engine.walk_cursor import WalkCursor
@@ -30,7 +30,7 @@ from mstar.model.submodule_base import STOP_ALL, StopCheck
 log = logging.getLogger(__name__)
 _GO_ON = StopCheck()
 
-__all__ = ["EngineCore", "EngineStats", "SchedulerConfig"]
+__all__ = ["EngineCore", "StepCounters", "SchedulerConfig"]
 
 
 class EngineCore:
@@ -46,7 +46,7 @@ class EngineCore:
         self.graph = graph
         self.nodes = nodes
         self.config = scheduler or SchedulerConfig()
-        self.stats = EngineStats()
+        self.stats = StepCounters()
         self.scheduler = Scheduler(graph, nodes, self.config, mixed_batch_configs, policy, self.stats, self)
         self._outputs: list[RequestOutput] = []
         self._cursor_ended: dict[str, Request] = {}  # requests with a cursor done since the last step

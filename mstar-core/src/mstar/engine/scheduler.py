@@ -44,7 +44,10 @@ class SchedulerConfig:
 
 
 @dataclass
-class EngineStats:
+class StepCounters:
+    """What the engine's loop counted since it started (``EngineCore.stats``); the server's
+    wire snapshot of an engine is ``mstar.server.messages.EngineStats``."""
+
     steps: int = 0
     forwards_by_group: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     preemptions: int = 0
@@ -80,7 +83,7 @@ class Scheduler:
         config: SchedulerConfig,
         mixed_batch_configs: list[MixedBatchConfig] | None,
         policy: SchedulingPolicy | None,
-        stats: EngineStats,
+        stats: StepCounters,
         lifecycle: RequestLifecycle,
     ) -> None:
         self.graph = graph
