@@ -42,18 +42,9 @@ from mstar.server.streaming import (
     ending_with_error,
     sse,
 )
+from mstar.server.text_output import finish_reason, stop_strings
 
 SYSTEM_FINGERPRINT = f"mstar-{__version__}"
-
-
-def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
-
-
-def _finish_reason(reason: str | None) -> str:
-    return "length" if reason == "length" else "stop"
 
 
 def check_chat_request(rt: ServerRuntime, req: ChatCompletionRequest) -> None:
@@ -169,7 +160,7 @@ def _completion(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, ou
         "model": rt.model_name,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "seed": ex.seed,
-        "choices": [{"index": 0, "message": message, "logprobs": _logprobs(out), "finish_reason": _finish_reason(ex.finish_reason)}],
+        "choices": [{"index": 0, "message": message, "logprobs": _logprobs(out), "finish_reason": finish_reason(ex.finish_reason)}],
         "usage": _usage(ex, out),
     }
 
@@ -225,7 +216,7 @@ async def _stream(rt: ServerRuntime, req: ChatCompletionRequest, ex: Execution, 
         return  # the client is gone
     if req.wants_audio:
         yield chunk({"audio": {"expires_at": base["created"]}})
-    yield chunk({}, _finish_reason(ex.finish_reason))
+    yield chunk({}, finish_reason(ex.finish_reason))
     if req.stream_options is not None and req.stream_options.include_usage:
         yield sse({**base, "choices": [], "usage": _usage(ex, out)})
     yield SSE_DONE
