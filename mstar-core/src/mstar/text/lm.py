@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from mstar.graph import EngineKind, GraphSpec, LinearWalks, Loop, NodeSpec, Signal, Step, Walk
+from mstar.graph.shapes import DECODE, PREFILL, prefill_decode_mixing
 from mstar.layers.attention import head_dim_of
 from mstar.model.spec import MixedBatchConfig, NodeSamplers
 from mstar.model.submodule_base import (
@@ -33,7 +34,6 @@ from mstar.model.submodule_base import (
 PROMPT, TOKENS = "prompt_ids", "tokens"
 LOGPROB, TOP_IDS, TOP_VALUES = "logprob", "top_logprob_ids", "top_logprob_values"
 STEP_OUTPUTS = (TOKENS, LOGPROB, TOP_IDS, TOP_VALUES)
-PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
 
 
 def text_lm_graph(node: str = "lm") -> GraphSpec:
@@ -56,8 +56,9 @@ def text_lm_graph(node: str = "lm") -> GraphSpec:
 
 
 def text_lm_mixed_batches(node: str = "lm") -> list[MixedBatchConfig]:
-    """Prefill and decode rows in one forward (continuous batching)."""
-    return [MixedBatchConfig(node=node, walks=(PREFILL, DECODE), merged_walk=MIXED)]
+    """Prefill and decode rows in one forward (continuous batching), prefills uncapped:
+    ``mstar.graph.shapes.prefill_decode_mixing`` without its row cap."""
+    return prefill_decode_mixing(node, max_prefill_rows=None)
 
 
 GENERATION_CONFIG = "generation_config"  # config key: generation_config.json, when the checkpoint has one
