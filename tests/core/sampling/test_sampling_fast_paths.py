@@ -219,3 +219,16 @@ def test_ties_across_the_edge_of_a_topk_level_are_all_kept():
     logits = torch.randint(0, 6, (len(rows), 20_011), generator=gen).float() * 0.2
     seeds, steps = list(range(len(rows))), [0] * len(rows)
     assert check_against_reference(logits, rows, seeds, steps) == len(rows)
+
+
+@pytest.mark.parametrize("shape", [(3, 1000), (40, 20_011)], ids=["one-argmax", "grouped"])
+def test_greedy_takes_the_first_maximum_on_both_paths(shape):
+    """Greedy rows take one argmax while the batch's logits are few (``draw.ARGMAX_ELEMENTS``)
+    and the grouped search above that: both the first index of each row's maximum, ties
+    included."""
+    rows, vocab = shape
+    assert (rows * vocab > draw.ARGMAX_ELEMENTS) == (shape[0] == 40)
+    logits = logits_of("ties", rows, vocab, torch.Generator().manual_seed(rows))
+    greedy = [SamplingParams(temperature=0.0)] * rows
+    got = Sampler().sample(logits, SamplingTensors.from_rows(greedy, [0] * rows, [0] * rows)).tokens.tolist()
+    assert got == [int(np.argmax(row)) for row in logits.numpy()]  # numpy: the first maximum

@@ -84,6 +84,18 @@ class LoadedNode:
 class NodeExecutor:
     def __init__(self, node: LoadedNode) -> None:
         self.node = node
+        # The last batch's sampler slots and the tensor made of them: a batch of the same rows
+        # in the same order (a run of decode steps) reuses the tensor, so the sampler finds
+        # the rows' parameters it gathered for it (SlotSampler.stage keys them by the object).
+        self._slots: tuple[tuple[int, ...], torch.Tensor] | None = None
+
+    def slot_tensor(self, rows: list[Row]) -> torch.Tensor:
+        """int64 [B]: each row's slot in this node's sampler, on the node's device."""
+        name = self.node.name
+        key = tuple(r.req.slots[name] for r in rows)
+        if self._slots is None or self._slots[0] != key:
+            self._slots = key, torch.tensor(key, dtype=torch.long, device=self.node.device)
+        return self._slots[1]
 
     def run(self, walk: str, rows: list[Row]) -> dict[str, RowResult]:
         """Outputs per request id; a batch whose forward raises is retried row by row so a
@@ -107,7 +119,7 @@ class NodeExecutor:
     def _sampler_snapshot(self, rows: list[Row]) -> tuple[torch.Tensor, Any] | None:
         if self.node.sampler is None:
             return None
-        slots = torch.tensor([r.req.slots[self.node.name] for r in rows], dtype=torch.long, device=self.node.device)
+        slots = self.slot_tensor(rows)
         return slots, self.node.sampler.snapshot(slots)
 
     def _run_checked(self, walk: str, rows: list[Row]) -> dict[str, RowResult]:
@@ -212,8 +224,11 @@ class KVNodeExecutor(NodeExecutor):
         ei.positions = batch.positions
         ei.qo_indptr = batch.qo_indptr
         if node.sampler is not None:
-            slots = torch.tensor([r.req.slots[node.name] for r in rows], dtype=torch.long, device=node.device)
-            advance = torch.tensor([r.completes for r in rows], dtype=torch.bool, device=node.device)
+            slots = self.slot_tensor(rows)
+            # None: every row advances (a decode batch), so no mask is made or applied.
+            advance = None if all(r.completes for r in rows) else torch.tensor(
+                [r.completes for r in rows], dtype=torch.bool, device=node.device
+            )
             ei.sampler = node.sampler.bind(slots, advance)
             ei.sampler.keep_logits = any(r.req.kwargs.get(RETURN_LOGITS) for r in rows)
         ei.piecewise_runners = {label: runner.bind(ei.sampler) for label, runner in node.piecewise.items()}
