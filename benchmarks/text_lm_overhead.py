@@ -236,6 +236,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=384)
     ap.add_argument("--no-check", action="store_true", help="do not assert equal greedy tokens")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--gc-freeze", action="store_true", help="once both sides are built, keep every object then "
+                    "alive out of the cyclic garbage collector, as mstar serve's processes do (mstar.server.gc_freeze)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers loads: no bars in the table
     # transformers 5.x renames past_key_values to cache; the loop keeps the name every release
@@ -250,6 +252,10 @@ def main() -> None:
         ckpt = write_checkpoint(Path(d), args.hidden, args.layers, args.vocab, max_len=2 * (args.prompt + args.tokens))
         hf = TransformersSide(ckpt)
         engine = EngineSide(ckpt, max(batches))
+        if args.gc_freeze:
+            from mstar.server.gc_freeze import freeze_startup_objects
+
+            freeze_startup_objects("benchmark")
         print(
             f"Qwen3 layout: {args.layers} layers, hidden {args.hidden}, vocabulary {args.vocab}; prompt {args.prompt}, "
             f"{args.tokens} new tokens, greedy, float32; torch threads {threads}; {cpu_model()}",
@@ -308,6 +314,7 @@ def main() -> None:
             "finished_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "gc_freeze": args.gc_freeze,
             "cpu": cpu_model(),
             "cores": os.cpu_count(),
             "torch_threads": threads,

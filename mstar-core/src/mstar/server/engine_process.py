@@ -19,6 +19,7 @@ import msgspec
 
 from mstar.engine.errors import classify_error
 from mstar.server.engine_stats import StatsReporter, engine_stats
+from mstar.server.gc_freeze import freeze_startup_objects
 from mstar.server.ipc_auth import SignedSocket, authenticated, cap_frames
 from mstar.server.messages import (
     AbortRequest,
@@ -116,6 +117,7 @@ class EngineWorker:
             self.sender.put(Fatal(self.spec.name, f"{type(exc).__name__}: {exc}"))
             self._finish(sender_thread)
             return 1
+        freeze_startup_objects(f"engine {self.spec.name}")
         commands = self._command_socket()
         # Before any request: every step's outputs leave as one message.
         self.engine.add_step_listener(self.sender.step_ended)

@@ -26,6 +26,7 @@ from mstar.server.config import ServerConfig
 from mstar.server.engine_backend import make_backend
 from mstar.server.engine_handle import EngineHandle
 from mstar.server.engine_process import EngineProcessSpec
+from mstar.server.gc_freeze import freeze_startup_objects
 from mstar.server.ipc_auth import authenticated, cap_frames, max_message_bytes, new_secret
 from mstar.server.messages import Events, Fatal, Ready, Stats, report_decoder
 from mstar.server.metrics import MetricFamilies, ServerMetrics
@@ -191,6 +192,7 @@ class ServerRuntime:
         finally:
             self._progress.done()
             self._progress = None
+        freeze_startup_objects(f"API process, model {self.model_name}")
         self.started = True
 
     def _new_handle(self, name: str) -> EngineHandle:
