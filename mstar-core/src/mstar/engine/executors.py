@@ -75,6 +75,12 @@ class LoadedNode:
         self.executor = KVNodeExecutor(self) if self.kind is EngineKind.KV_CACHE else StatelessNodeExecutor(self)
 
     @functools.cached_property
+    def chunk_unit(self) -> int:
+        """The KV node's chunk unit (``ARNodeSubmodule.chunk_unit``), asked once."""
+        assert isinstance(self.submodule, ARNodeSubmodule)
+        return self.submodule.chunk_unit()
+
+    @functools.cached_property
     def max_model_len(self) -> int:
         """The KV node's limit, asked once: the scheduler reads it for every row of every step."""
         assert isinstance(self.submodule, ARNodeSubmodule)

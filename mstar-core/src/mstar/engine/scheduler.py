@@ -299,7 +299,7 @@ class Scheduler:
         n = min(remaining, budget) if self.config.chunked_prefill else remaining
         if n <= 0 or (n < remaining and not self.config.chunked_prefill):
             return None
-        unit = node.submodule.chunk_unit()  # type: ignore[attr-defined]
+        unit = node.chunk_unit
         if unit > 1 and n < remaining:  # a cut chunk ends on a unit boundary
             aligned = (cached + n) // unit * unit - cached
             if aligned <= 0:
@@ -337,7 +337,7 @@ class Scheduler:
         longest cached prefix become its own (shared), and only the rest is computed. At
         least one position is left to compute, as the step's outputs need its forward."""
         assert node.kv is not None and prepared.cache_keys is not None
-        if node.submodule.chunk_unit() > 1:  # type: ignore[attr-defined]
+        if node.chunk_unit > 1:
             return 0  # whole blocks need not end on the node's chunk unit
         hit = node.kv.map_prefix(r.req.id, "main", prepared.cache_keys, prepared.total - 1)
         if hit:

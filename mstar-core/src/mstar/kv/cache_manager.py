@@ -210,12 +210,19 @@ class KVCacheManager:
 
         Returns False and changes nothing when the pool cannot cover the growth.
         """
-        needed = self.blocks_needed(request_id, stream, n_new)
+        if n_new < 0:
+            raise ValueError(f"n_new must be >= 0, got {n_new}")
+        state = self._lookup(request_id, stream)
+        have_tokens, have_blocks = (state.num_tokens, len(state.blocks)) if state is not None else (0, 0)
+        needed = max(0, _ceil_div(have_tokens + n_new, self.block_size) - have_blocks)
+        if needed == 0 and state is not None:  # a decode step inside its last block: the common case
+            state.num_tokens += n_new
+            return True
         cache = self.prefix_cache
         new_blocks = self._pool.allocate(needed) if cache is None else cache.allocate(needed)
         if new_blocks is None:
             return False
-        state = self._stream(request_id, stream)
+        state = state or self._stream(request_id, stream)
         if new_blocks:
             self._tables.write(state.row, len(state.blocks), new_blocks)
             state.blocks.extend(new_blocks)
