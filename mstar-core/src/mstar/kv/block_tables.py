@@ -16,10 +16,6 @@ class BlockTables:
         self._array = np.zeros((rows, width), dtype=np.int32)
         self._free = list(range(rows - 1, -1, -1))  # popped from the end: row 0 first
 
-    @property
-    def width(self) -> int:
-        return int(self._array.shape[1])
-
     def take_row(self) -> int:
         if not self._free:
             old = self._array.shape[0]

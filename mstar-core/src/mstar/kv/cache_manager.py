@@ -196,15 +196,6 @@ class KVCacheManager:
         state = self._lookup(request_id, stream)
         return list(state.blocks) if state is not None else []
 
-    def blocks_needed(self, request_id: RequestId, stream: str, n_new: int) -> int:
-        """New blocks the stream would take to hold ``n_new`` more tokens."""
-        if n_new < 0:
-            raise ValueError(f"n_new must be >= 0, got {n_new}")
-        state = self._lookup(request_id, stream)
-        have_tokens = state.num_tokens if state is not None else 0
-        have_blocks = len(state.blocks) if state is not None else 0
-        return max(0, _ceil_div(have_tokens + n_new, self.block_size) - have_blocks)
-
     def append(self, request_id: RequestId, stream: str, n_new: int) -> bool:
         """Grow the stream by ``n_new`` tokens, reserving blocks as needed.
 
