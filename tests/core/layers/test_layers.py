@@ -11,7 +11,6 @@ from mstar.layers import (
     RMSNorm,
     RotaryEmbedding,
     head_dim_of,
-    rope_parameters,
 )
 from torch import nn
 
@@ -82,11 +81,3 @@ def test_decoder_stack_matches_transformers(config_cls: str, qk_norm: bool, extr
         want = hf(input_ids=ids).last_hidden_state[0]
         got = ours(ids[0])
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
-
-
-def test_rope_parameters_read_old_and_new_config_forms() -> None:
-    assert rope_parameters({"rope_theta": 5.0}) == {"rope_theta": 5.0, "rope_type": "default"}
-    old = rope_parameters({"rope_theta": 7.0, "rope_scaling": {"type": "linear", "factor": 2.0}})
-    assert old == {"rope_theta": 7.0, "rope_type": "linear", "factor": 2.0}
-    with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
-        RotaryEmbedding(8, {"rope_type": "yarn", "factor": 2.0})

@@ -4,11 +4,16 @@ Module and parameter names follow HF's Llama-family code, so checkpoint keys loa
 they are with ``mstar.weights.load_weights``.
 """
 
-from mstar.layers.attention import PagedSelfAttention, head_dim_of
-from mstar.layers.decoder import DecoderLayer
+from mstar.layers.attention import (
+    PagedSelfAttention,
+    full_attention_limit,
+    head_dim_of,
+    sliding_window_of,
+)
+from mstar.layers.decoder import DecoderLayer, DecoderModel
 from mstar.layers.mlp import GatedMLP
 from mstar.layers.norm import RMSNorm
-from mstar.layers.rope import RotaryEmbedding, apply_rope, rope_parameters
+from mstar.layers.rope import RotaryEmbedding, apply_rope, rope_parameters, rotate, signed_sin
 from mstar.layers.vocab_head import vocab_logits
 
 
@@ -40,12 +45,17 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "DecoderLayer",
+    "DecoderModel",
     "GatedMLP",
     "PagedSelfAttention",
     "RMSNorm",
     "RotaryEmbedding",
     "apply_rope",
+    "full_attention_limit",
     "head_dim_of",
     "rope_parameters",
+    "rotate",
+    "signed_sin",
+    "sliding_window_of",
     "vocab_logits",
 ]

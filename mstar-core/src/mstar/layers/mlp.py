@@ -18,25 +18,38 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class GatedMLP(nn.Module):
-    """Parameters ``gate_proj``, ``up_proj``, ``down_proj`` (HF's names)."""
+    """Parameters ``gate_proj``, ``up_proj``, ``down_proj`` (HF's names), or with
+    ``fused_gate_up`` one ``gate_up_proj`` whose output is gate then up (Phi-3)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False, *, fused_gate_up: bool = False
+    ) -> None:
         super().__init__()
         if act not in ACTIVATIONS:
             raise ValueError(f"unsupported activation {act!r} (supported: {sorted(ACTIVATIONS)})")
         self.act = ACTIVATIONS[act]
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        if fused_gate_up:
+            self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        else:
+            self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+            self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> GatedMLP:
+    def from_config(cls, config: Mapping[str, Any], *, fused_gate_up: bool = False) -> GatedMLP:
+        """From HF config keys ``hidden_size``, ``intermediate_size``, ``hidden_act``, ``mlp_bias``."""
         return cls(
             config["hidden_size"],
             config["intermediate_size"],
             config.get("hidden_act", "silu"),
             bool(config.get("mlp_bias", False)),
+            fused_gate_up=fused_gate_up,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        """[..., H] -> [..., H]."""
+        if "gate_up_proj" in self._modules:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)

@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from mstar.graph import EngineKind, GraphSpec, LinearWalks, Loop, NodeSpec, Signal, Step, Walk
 from mstar.graph.shapes import DECODE, PREFILL, prefill_decode_mixing
-from mstar.layers.attention import head_dim_of
+from mstar.layers.attention import full_attention_limit, head_dim_of
+from mstar.layers.decoder import DecoderModel
+from mstar.layers.vocab_head import vocab_logits
 from mstar.model.spec import MixedBatchConfig, NodeSamplers
 from mstar.model.submodule_base import (
     ARNodeInputs,
@@ -195,7 +198,12 @@ class CausalLMNode(ARNodeSubmodule):
         return KVCacheLayout(c["num_hidden_layers"], c.get("num_key_value_heads") or c["num_attention_heads"], head_dim_of(c), dtype)
 
     def max_model_len(self) -> int:
-        return int(self.config["max_position_embeddings"])
+        """``max_position_embeddings``, capped at the smallest sliding window
+        (``mstar.layers.attention.full_attention_limit``): the backends attend whole rows,
+        which equals windowed attention only up to the window."""
+        limit = int(self.config["max_position_embeddings"])
+        window = full_attention_limit(self.config)
+        return limit if window is None else min(limit, int(window))
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
         if info.walk != PREFILL:  # the token this node's sampler drew: in range by construction
@@ -216,3 +224,24 @@ class CausalLMNode(ARNodeSubmodule):
         assert engine_inputs.positions is not None
         hidden = self.hidden_states(input_ids, engine_inputs.positions, engine_inputs.attention)
         return sample_step(self.logits(hidden[engine_inputs.last_token_index.long()]), engine_inputs)
+
+
+class DecoderLM(CausalLMNode):
+    """A decoder-only LLM from HF config keys with HF's ``*ForCausalLM`` names: ``model``
+    (``mstar.layers.DecoderModel``) and ``lm_head``, the same parameter as
+    ``model.embed_tokens.weight`` when ``tie_word_embeddings`` (default False) is set, so a
+    checkpoint with either name or both loads. ``layer_options`` go to every
+    ``DecoderLayer`` (``qk_norm``, ``qkv_bias``, ``o_bias``, ``fused_qkv``, ``fused_gate_up``)."""
+
+    def __init__(self, config: Mapping[str, Any], **layer_options: Any) -> None:
+        super().__init__(config)
+        self.model = DecoderModel(config, **layer_options)
+        self.lm_head = nn.Linear(config["hidden_size"], self.vocab_size, bias=False)
+        if config.get("tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
+        return self.model(input_ids, positions, attention)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return vocab_logits(self.model.norm(hidden), self.lm_head.weight)
