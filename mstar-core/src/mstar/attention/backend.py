@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from mstar.attention.cross import CrossAttentionBatch
 from mstar.attention.metadata import AttentionBatch
 from mstar.kv.cache_manager import KVCacheManager
 
@@ -41,3 +42,22 @@ class AttentionBackend(ABC):
 
         ``scale`` defaults to ``1/sqrt(D)``; ``Hq`` must be a multiple of ``Hkv`` (GQA).
         """
+
+    def plan_cross(self, batch: CrossAttentionBatch) -> None:
+        """Prepare the step's cross-attention (nodes whose layout names a cross-attention
+        signal; ``mstar.attention.cross``); valid until the next ``plan_cross``."""
+        raise NotImplementedError(f"the {self.name} attention backend has no cross-attention")
+
+    def cross(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        """Attend ``q`` [T, Hq, D] (the step's tokens, as in ``run``) over each row's whole
+        cross-attention cache, with no causal rule. ``k``/``v`` [S, Hkv, D]: the cross K/V of
+        the rows that write theirs this step (``engine_inputs.cross_states`` projected),
+        given exactly when some row writes; None on every later step. Returns [T, Hq, D]."""
+        raise NotImplementedError(f"the {self.name} attention backend has no cross-attention")

@@ -4,10 +4,12 @@ imports on any machine, so its host-side planning is testable without a GPU."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from mstar.attention.backend import AttentionBackend
+from mstar.attention.cross import CrossAttentionBatch
 from mstar.attention.metadata import AttentionBatch
 from mstar.kv.cache_manager import KVCacheManager
 
@@ -95,6 +97,55 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._inputs: FlashInferPlanInputs | None = None
         self._slot_mapping: torch.Tensor | None = None
         self._planned_for: tuple[int, float | None, torch.dtype] | None = None
+        # Cross-attention (encoder–decoder nodes): a second wrapper over the rows' cross
+        # streams, non-causal, reading the pages in place. Never run on a GPU yet.
+        self._cross_wrapper: Any = None
+        self._cross: tuple[CrossAttentionBatch, FlashInferPlanInputs] | None = None
+        self._cross_planned_for: tuple[int, float | None, torch.dtype] | None = None
+
+    def plan_cross(self, batch: CrossAttentionBatch) -> None:
+        if self._cross_wrapper is None:
+            import flashinfer
+
+            self._cross_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD")
+        device = batch.block_tables.device
+        q_lens = torch.tensor(batch.q_lens, dtype=torch.int64)
+        kv_lens = torch.tensor(batch.kv_lens, dtype=torch.int64)
+        pages = (kv_lens + batch.block_size - 1) // batch.block_size
+        cols = torch.arange(batch.block_tables.shape[1])
+        inputs = FlashInferPlanInputs(
+            qo_indptr=torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]).to(device, torch.int32),
+            paged_kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int64), pages.cumsum(0)]).to(device, torch.int32),
+            paged_kv_indices=batch.block_tables.cpu()[cols[None, :] < pages[:, None]].to(device, torch.int32),
+            paged_kv_last_page_len=(kv_lens - (pages - 1) * batch.block_size).to(device, torch.int32),
+            causal=False,
+            custom_mask=None,
+        )
+        self._cross = (batch, inputs)
+        self._cross_planned_for = None
+
+    def cross(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        if self._cross is None:
+            raise RuntimeError("FlashInferAttentionBackend.cross called before plan_cross()")
+        batch, inputs = self._cross
+        if k is not None and v is not None and batch.write_slots is not None:
+            self.kv.write(layer, batch.write_slots, k, v)
+        key = (q.shape[1], scale, q.dtype)
+        if self._cross_planned_for != key:
+            self._cross_wrapper.plan(
+                inputs.qo_indptr, inputs.paged_kv_indptr, inputs.paged_kv_indices, inputs.paged_kv_last_page_len,
+                q.shape[1], self.kv.num_kv_heads, self.kv.head_dim, self.kv.block_size,
+                causal=False, sm_scale=scale, q_data_type=q.dtype, kv_data_type=self.kv.dtype,
+            )
+            self._cross_planned_for = key
+        return self._cross_wrapper.run(q, (self.kv.k_cache(layer), self.kv.v_cache(layer)))
 
     def plan(self, batch: AttentionBatch) -> None:
         self._inputs = flashinfer_plan_inputs(batch)

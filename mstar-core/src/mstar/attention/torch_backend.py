@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mstar.attention.backend import AttentionBackend
+from mstar.attention.cross import CrossAttentionBatch, TorchCrossAttention
 from mstar.attention.decode_buffer import BufferStep, DecodeBuffer
 from mstar.attention.metadata import AttentionBatch
 from mstar.kv.cache_manager import KVCacheManager
@@ -125,6 +126,20 @@ class TorchAttentionBackend(AttentionBackend):
         self._plan: _TorchPlan | None = None
         use_buffer = kv.device.type == "cpu" if decode_buffer is None else decode_buffer
         self._buffer = DecodeBuffer(kv) if use_buffer else None
+        self._cross = TorchCrossAttention(kv)
+
+    def plan_cross(self, batch: CrossAttentionBatch) -> None:
+        self._cross.plan(batch)
+
+    def cross(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        return self._cross.run(layer, q, k, v, scale)
 
     def plan(self, batch: AttentionBatch) -> None:
         if batch.block_size != self.kv.block_size:

@@ -150,6 +150,7 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
                 prefix_caching=engine_config.prefix_caching,
             )
             node.attention = create_backend(node.kv, engine_config.attention_backend)
+            node.cross_signal = _cross_signal(name, layout.cross_attention, graph)
         elif (engine_config.prefix_caching and engine_config.output_cache_bytes > 0
               and type(sub).output_cache_key is not NodeSubmodule.output_cache_key):
             node.output_cache = OutputCache(engine_config.output_cache_bytes, device)
@@ -168,6 +169,20 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
     threads = forward_threads(engine_config, device, len(nodes))
     core = EngineCore(graph, nodes, engine_config.scheduler(), mixed, forward_threads=threads)
     return BuiltModel(spec, config, graph, node_samplers, core)
+
+
+def _cross_signal(node: str, signal: str | None, graph: Any) -> str | None:
+    """A cross-attention node's encoder-states signal, checked: it must persist, since a
+    request's cache is rewritten from it after preemption, long after the step that made it."""
+    if signal is None:
+        return None
+    declared = graph.signals.get(signal)
+    if declared is None or not declared.persist:
+        raise ValueError(
+            f"node {node!r}: its KV layout's cross_attention signal {signal!r} must be a graph "
+            "signal with persist=True (its cache is rewritten from it after preemption)"
+        )
+    return signal
 
 
 def build_node(name: str, factory: Any, config: ModelConfig, checkpoint_dir: Path, device: torch.device,

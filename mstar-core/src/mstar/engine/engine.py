@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mstar.attention.cross import CROSS_STREAM
 from mstar.engine.builder import BuiltModel, EngineConfig, build_core
 from mstar.engine.request import Request, RequestOutput
 from mstar.hub import checkpoint_dir
@@ -193,7 +194,7 @@ class Engine:
                 "preemptions": core.stats.preemptions,
                 "requests": self._requests_added,
                 "last_batch_size": core.stats.last_batch_size,
-                "kv": {name: _kv_stats(n.kv) for name, n in core.nodes.items() if n.kv is not None},
+                "kv": {name: _kv_stats(n) for name, n in core.nodes.items() if n.kv is not None},
                 "output_cache": {
                     name: {"entries": len(c), "bytes": c.bytes, "hits": c.hits, "misses": c.misses, "evictions": c.evictions}
                     for name, n in core.nodes.items() if (c := n.output_cache) is not None
@@ -394,8 +395,11 @@ class _AsyncSink:
         self.loop.call_soon_threadsafe(self.aq.put_nowait, out)
 
 
-def _kv_stats(kv: Any) -> dict[str, int]:
-    out = {"used_blocks": kv.num_used_blocks, "total_blocks": kv.num_blocks}
+def _kv_stats(node: Any) -> dict[str, int]:
+    kv = node.kv
+    out = {"used_blocks": kv.num_used_blocks, "total_blocks": kv.num_blocks, "block_bytes": kv.block_bytes}
+    if node.cross_signal is not None:  # encoder–decoder: cross-attention caches share the pool
+        out["cross_blocks"] = kv.num_stream_blocks(CROSS_STREAM)
     cache = kv.prefix_cache
     if cache is not None:
         out.update(cached_blocks=cache.num_cached, prefix_queried_tokens=cache.queried_tokens,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mstar.attention import AttentionBatch
+from mstar.attention.cross import CrossAttentionBatch
 from mstar.engine.output_cache import OutputCache
 from mstar.engine.stop_rules import StopRule, merge
 from mstar.graph import EngineKind, Step
@@ -48,6 +49,7 @@ class Row:
     cache_len: int = 0  # KV nodes: the row's cache positions once this forward has run
     stop: StopCheck | None = None  # the step's stop (core's rule merged with the plugin's)
     logits: torch.Tensor | None = None  # [V] main logits, for a request with return_logits
+    cross_write: bool = False  # cross-attention nodes: this forward writes the row's cross cache
 
 
 class NodeExecutionError(Exception):
@@ -69,6 +71,7 @@ class LoadedNode:
     stop_rule: StopRule | None = None  # sampling nodes: core's stop rule over their slots
     output_cache: OutputCache | None = None  # stateless nodes that key their rows' outputs
     piecewise: dict[str, PiecewiseRunner] = field(default_factory=dict)
+    cross_signal: str | None = None  # KV nodes with cross-attention: KVCacheLayout.cross_attention
     executor: NodeExecutor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -227,6 +230,8 @@ class KVNodeExecutor(NodeExecutor):
         )
         node.attention.plan(batch)
         ei.attention = node.attention
+        if node.cross_signal is not None:
+            self._plan_cross(rows, ei)
         ei.positions = batch.positions
         ei.qo_indptr = batch.qo_indptr
         if node.sampler is not None:
@@ -239,3 +244,28 @@ class KVNodeExecutor(NodeExecutor):
             ei.sampler.keep_logits = any(r.req.kwargs.get(RETURN_LOGITS) for r in rows)
         ei.piecewise_runners = {label: runner.bind(ei.sampler) for label, runner in node.piecewise.items()}
         return ei
+
+    def _plan_cross(self, rows: list[Row], ei: ModelInputsFromEngine) -> None:
+        node = self.node
+        writes = tuple(i for i, r in enumerate(rows) if r.cross_write)
+        batch = CrossAttentionBatch.build(
+            [r.req.id for r in rows], [r.num_tokens for r in rows], node.kv, node.device, writes
+        )
+        node.attention.plan_cross(batch)
+        ei.cross_write_rows = writes
+        if writes:
+            states = [cross_states(rows[i].req.signals, node.cross_signal) for i in writes]  # type: ignore[arg-type]
+            ei.cross_states = torch.cat(states).to(node.device)
+
+
+def cross_states(signals: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """A request's encoder states [S, E] for a cross-attention node (a leading batch dim of 1
+    is dropped); a clear error when the signal is missing or has no positions."""
+    states = signals.get(name)
+    if states is None:
+        raise ValueError(f"cross-attention signal {name!r} is missing: the node's step needs it as an input")
+    if states.dim() == 3 and states.shape[0] == 1:
+        states = states[0]
+    if states.dim() != 2 or states.shape[0] == 0:
+        raise ValueError(f"cross-attention signal {name!r} must be [S, E] with S >= 1, got {list(states.shape)}")
+    return states

@@ -19,8 +19,9 @@ from typing import Protocol
 
 import torch
 
+from mstar.attention.cross import CROSS_STREAM
 from mstar.engine.errors import classify_error
-from mstar.engine.executors import LoadedNode, Row
+from mstar.engine.executors import LoadedNode, Row, cross_states
 from mstar.engine.kv_history import KVHistory
 from mstar.engine.request import PreparedStep, Request, RequestStatus, step_key
 from mstar.engine.scheduling_policy import FairOldestFirst, SchedulingPolicy
@@ -324,12 +325,24 @@ class Scheduler:
             chunk = prepared.inputs
         else:
             chunk = node.submodule.split_inputs(r.walk, prepared.info, prepared.inputs, start, start + n)  # type: ignore[arg-type]
+        # An encoder–decoder node's first forward for the request (also the first replayed one
+        # after preemption, which freed it) writes its cross-attention cache: reserve it first.
+        cross_write = node.cross_signal is not None and cached == 0
+        if cross_write and node.kv.num_tokens(req.id, CROSS_STREAM) == 0:
+            try:
+                positions = cross_states(req.signals, node.cross_signal).shape[0]  # type: ignore[arg-type]
+            except ValueError as exc:
+                self.lifecycle.fail(req, exc, "invalid_request")
+                return None
+            if not self._reserve(node, req, positions, rows, CROSS_STREAM):
+                return None
         if not self._reserve(node, req, n, rows):
             return None
         completes = not replay and start + n == total
         prepared.info.num_computed_tokens = cached
         prepared.info.is_last_chunk = completes
-        return Row(req, r.partition, r.step, r.walk, prepared, chunk, n, replay, completes, cached + n)
+        return Row(req, r.partition, r.step, r.walk, prepared, chunk, n, replay, completes, cached + n,
+                   cross_write=cross_write)
 
 
     def _map_cached_prefix(self, node: LoadedNode, r: ReadyStep, prepared: PreparedStep) -> int:
@@ -337,8 +350,10 @@ class Scheduler:
         longest cached prefix become its own (shared), and only the rest is computed. At
         least one position is left to compute, as the step's outputs need its forward."""
         assert node.kv is not None and prepared.cache_keys is not None
-        if node.chunk_unit > 1:
-            return 0  # whole blocks need not end on the node's chunk unit
+        if node.chunk_unit > 1 or node.cross_signal is not None:
+            # Whole blocks need not end on the node's chunk unit; a cross-attending node's
+            # positions depend on its encoder states too, which the keys do not name.
+            return 0
         hit = node.kv.map_prefix(r.req.id, "main", prepared.cache_keys, prepared.total - 1)
         if hit:
             prepared.done = hit
@@ -349,9 +364,9 @@ class Scheduler:
             self.stats.prefix_hit_tokens += hit
         return hit
 
-    def _reserve(self, node: LoadedNode, req: Request, n: int, rows: list[Row]) -> bool:
+    def _reserve(self, node: LoadedNode, req: Request, n: int, rows: list[Row], stream: str = "main") -> bool:
         assert node.kv is not None
-        while not node.kv.append(req.id, "main", n):
+        while not node.kv.append(req.id, stream, n):
             in_batch = {row.req.id for row in rows} | {req.id}
             holders = [
                 q for q in self.running.values()
@@ -359,7 +374,7 @@ class Scheduler:
             ]
             if not holders:
                 if not rows:
-                    needed = node.kv.num_tokens(req.id, "main") + n
+                    needed = sum(node.kv.num_tokens(req.id, name) for name in node.kv.streams(req.id)) + n
                     self.lifecycle.fail(req, MemoryError(
                         f"request needs {needed} cache positions on node {node.name!r}; the KV "
                         f"pool holds {node.kv.num_blocks * node.kv.block_size}"

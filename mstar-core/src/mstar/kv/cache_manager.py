@@ -130,6 +130,11 @@ class KVCacheManager:
             )
         return cls(num_layers, num_kv_heads, head_dim, block_size, num_blocks, dtype, device, prefix_caching)
 
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one block of this cache costs across all layers, K and V together."""
+        return self.bytes_per_block(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size, self.dtype)
+
     # ---- storage -------------------------------------------------------------------------
 
     def k_cache(self, layer: int) -> torch.Tensor:
@@ -174,6 +179,10 @@ class KVCacheManager:
     def num_cached_blocks(self) -> int:
         """Blocks in the prefix index (held or not)."""
         return self.prefix_cache.num_cached if self.prefix_cache is not None else 0
+
+    def num_stream_blocks(self, stream: str) -> int:
+        """Blocks the requests' streams named ``stream`` hold (e.g. cross-attention caches)."""
+        return sum(len(s[stream].blocks) for s in self._streams.values() if stream in s)
 
     @property
     def usage(self) -> float:

@@ -132,6 +132,11 @@ class ModelInputsFromEngine:
     qo_indptr: torch.Tensor | None = None  # [B+1] row offsets into the flat token dim
     sampler: BatchSampler | None = None  # the batch's gathered sampler
     piecewise_runners: dict[str, RegionRunner] = field(default_factory=dict)
+    # Cross-attention nodes: [S, E] the encoder states of the rows that write their cross
+    # caches this step (``cross_write_rows``, in batch order), concatenated; None when no row
+    # does. Project them per layer and pass them to ``attention.cross``.
+    cross_states: torch.Tensor | None = None
+    cross_write_rows: tuple[int, ...] = ()
 
     def run_region(
         self, label: str, fn: Callable[[dict[str, torch.Tensor], Any], dict[str, Any]], static_inputs: dict[str, torch.Tensor]
@@ -304,6 +309,11 @@ class KVCacheLayout:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype | None = None  # None: the node's dtype (core's choice, --dtype)
+    # Encoder–decoder nodes: the persisted signal holding a request's encoder states [S, E].
+    # Each request then also holds S cross-attention positions in this cache (same layers,
+    # heads and head_dim), written from the states at its first forward here and read by
+    # ``engine_inputs.attention.cross`` on every step (``mstar.attention.cross``).
+    cross_attention: str | None = None
 
 
 class ARNodeSubmodule(NodeSubmodule):

@@ -19,7 +19,7 @@ def engine_stats(engine: Any) -> EngineStats:
     s = engine.stats()
     kv = [
         NodeKV(node, v["used_blocks"], v["total_blocks"], v.get("cached_blocks", 0), v.get("prefix_queried_tokens", 0),
-               v.get("prefix_hit_tokens", 0), v.get("prefix_evictions", 0))
+               v.get("prefix_hit_tokens", 0), v.get("prefix_evictions", 0), v.get("block_bytes", 0), v.get("cross_blocks", -1))
         for node, v in s["kv"].items()
     ]
     # The last batch's size means nothing once nothing runs.

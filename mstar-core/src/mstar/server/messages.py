@@ -83,6 +83,10 @@ class NodeKV(msgspec.Struct, array_like=True):
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
     prefix_evictions: int = 0
+    # Bytes a block costs (all layers, K and V); blocks held by cross-attention caches
+    # (encoder–decoder nodes: KVCacheLayout.cross_attention), -1 for a node without them.
+    block_bytes: int = 0
+    cross_blocks: int = -1
 
 
 class NodeOutputCache(msgspec.Struct, array_like=True):

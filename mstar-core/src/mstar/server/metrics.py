@@ -41,6 +41,7 @@ class MetricFamilies:
         self.output_cache_hits = Gauge("mstar_output_cache_hits", "Rows of a stateless node (e.g. a media encoder) served from its output cache since the engine started", [*e, "node"], registry=r)
         self.output_cache_misses = Gauge("mstar_output_cache_misses", "Rows of a stateless node with an output cache that were computed since the engine started", [*e, "node"], registry=r)
         self.output_cache_bytes = Gauge("mstar_output_cache_bytes", "Host memory held by a stateless node's output cache", [*e, "node"], registry=r)
+        self.kv_cross_bytes = Gauge("mstar_kv_cross_attention_bytes", "KV-cache bytes held by cross-attention caches (encoder–decoder nodes; part of the blocks in use)", [*e, "node"], registry=r)
         self.preemptions = Gauge("mstar_engine_preemptions", "Requests preempted (KV cache taken back) since the engine started", e, registry=r)
         self.engine_up = Gauge("mstar_engine_up", "1 while the engine process is alive", e, registry=r)
         self.engine_requests = Gauge("mstar_engine_requests", "Requests the engine process took in since it started", e, registry=r)
@@ -85,6 +86,7 @@ class ServerMetrics:
         self.kv_used = _ForModel(f.kv_used, model)
         self.kv_total = _ForModel(f.kv_total, model)
         self.kv_cached = _ForModel(f.kv_cached, model)
+        self.kv_cross_bytes = _ForModel(f.kv_cross_bytes, model)
         self.prefix_queried = _ForModel(f.prefix_queried, model)
         self.prefix_hits = _ForModel(f.prefix_hits, model)
         self.prefix_evictions = _ForModel(f.prefix_evictions, model)
@@ -115,6 +117,8 @@ class ServerMetrics:
             self.prefix_queried.labels(engine, replica, kv.node).set(kv.prefix_queried_tokens)
             self.prefix_hits.labels(engine, replica, kv.node).set(kv.prefix_hit_tokens)
             self.prefix_evictions.labels(engine, replica, kv.node).set(kv.prefix_evictions)
+            if kv.cross_blocks >= 0:
+                self.kv_cross_bytes.labels(engine, replica, kv.node).set(kv.cross_blocks * kv.block_bytes)
         for c in stats.output_cache:
             self.output_cache_hits.labels(engine, replica, c.node).set(c.hits)
             self.output_cache_misses.labels(engine, replica, c.node).set(c.misses)

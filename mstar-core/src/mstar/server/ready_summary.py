@@ -7,13 +7,21 @@ from typing import Any
 
 def kv_capacity_tokens(runtime: Any) -> dict[str, int]:
     """Tokens each KV-cache node can hold (blocks x block size), from the engines' reports."""
+    return {node: tokens for node, (tokens, _) in _kv_capacity(runtime).items()}
+
+
+def _kv_capacity(runtime: Any) -> dict[str, tuple[int, str]]:
+    """Per KV node: (tokens it can hold, what the line adds about them)."""
     from mstar.engine.builder import EngineConfig
 
     block_size = int(runtime.config.engine_options.get("block_size", EngineConfig.block_size))
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, str]] = {}
     for engine in runtime.engines.values():
         for kv in engine.stats.kv if engine.stats is not None else ():
-            out[kv.node] = kv.total_blocks * block_size
+            note = ""
+            if kv.cross_blocks >= 0:  # encoder–decoder: one pool for both caches
+                note = f" (self- and cross-attention, {kv.block_bytes // block_size:,} bytes a token)"
+            out[kv.node] = (kv.total_blocks * block_size, note)
     return out
 
 
@@ -26,7 +34,7 @@ def ready_summary(runtime: Any, url: str) -> str:
         f"{g.name}: {', '.join(g.nodes)} on {', '.join(g.replica_devices())}" + (f" ({g.replicas} replicas)" if g.replicas > 1 else "")
         for g in runtime.placement.groups
     )
-    kv = ", ".join(f"{node} {tokens:,} tokens" for node, tokens in kv_capacity_tokens(runtime).items()) or "none"
+    kv = ", ".join(f"{node} {tokens:,} tokens{note}" for node, (tokens, note) in _kv_capacity(runtime).items()) or "none"
     if kv != "none" and runtime.config.engine_options.get("prefix_caching"):
         kv += " (prefix caching on)"
     return (
