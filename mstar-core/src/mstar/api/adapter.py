@@ -52,9 +52,12 @@ from mstar.api.protocol import (
     SpeechRequest,
 )
 from mstar.api.tensors import tensor_from_json
+from mstar.api.transcription import TRANSLATE, TranscriptionRequest
 from mstar.api.voices import EngineVoice, SavedVoice, SessionVoice, VoiceSample
 
 CHAT, SPEECH, GENERATE, COMPLETIONS = "chat", "speech", "generate", "completions"
+# POST /v1/audio/transcriptions and /v1/audio/translations (both through transcription_inputs).
+TRANSCRIPTION, TRANSLATION = "transcription", "translation"
 VOICE = "voice"  # making a saved voice (POST /v1/audio/voices; preprocess pool only)
 
 
@@ -100,8 +103,11 @@ class ApiAdapter:
     """Base class of a model's API adapter. Override what the model serves."""
 
     #: Endpoints served besides ``/v1/generate`` (always served): {"chat", "speech",
-    #: "completions"}.
+    #: "completions", "transcription", "translation"}.
     endpoints: ClassVar[frozenset[str]] = frozenset()
+    #: The longest upload ``/v1/audio/transcriptions`` and ``/translations`` accept (decoded
+    #: duration); longer is a 400 naming ``file``.
+    max_audio_seconds: float = 600.0
     #: Output signal carrying text tokens (chat), and audio samples (speech, chat audio).
     text_signal: str | None = None
     audio_signal: str | None = None
@@ -179,9 +185,31 @@ class ApiAdapter:
         """One prompt (``request.prompt`` is a string or a list of token ids)."""
         raise NotImplementedError
 
+    def transcription_inputs(self, request: TranscriptionRequest) -> EngineRequest:
+        """An upload to transcribe (``request.task == "transcribe"``, in ``request.language``
+        when set) or to translate into English (``"translate"``): ``request.audio`` is the
+        decoded file, mono float32 at ``request.sample_rate`` (resample to what the model
+        takes); ``request.prompt`` is OpenAI's optional context text. The output is read from
+        ``text_signal`` through ``text_decoder``, as for chat. Serve it by listing
+        ``TRANSCRIPTION`` (and ``TRANSLATION``) in ``endpoints``."""
+        raise NotImplementedError
+
     def generate_inputs(self, request: GenerateRequest) -> EngineRequest:
-        """Native inputs: each JSON tensor as it is."""
+        """Native inputs: each JSON tensor as it is. ``/v1/generate/upload`` puts each file
+        part here under its form name, a 1-D uint8 tensor of the file's bytes: override to
+        map or decode such parts into the graph's inputs (e.g. part ``audio`` to
+        ``input_features``); the route checks the graph's inputs on what this returns."""
         return EngineRequest({k: tensor_from_json(v, k) for k, v in request.inputs.items()}, dict(request.kwargs))
+
+    # ---- routes of the plugin's own ----------------------------------------------------
+    def routes(self) -> list[Any]:
+        """``mstar.api.routes.AdapterRoute``s: endpoints of the model's own for what no core
+        endpoint expresses. The server mounts them beside its own routes with its API-key
+        check, body limit, draining, error shape and request metrics; each handler runs its
+        engine requests through ``RouteCall.generate`` / ``stream`` (admission, timeout,
+        abort on disconnect). Called once in the API process, before the port opens.
+        Default: none."""
+        return []
 
     # ---- engine outputs → responses --------------------------------------------------
     def text_decoder(self) -> TextDecoder:
@@ -204,13 +232,32 @@ class ApiAdapter:
         return value.detach().to(torch.float32).reshape(-1).numpy()
 
     # ---- start-up ------------------------------------------------------------------
-    def warmup_request(self) -> ChatCompletionRequest | SpeechRequest | GenerateRequest | None:
-        """A small request the server runs through every engine before opening its port."""
+    def warmup_request(self) -> ChatCompletionRequest | SpeechRequest | TranscriptionRequest | GenerateRequest | None:
+        """A small request the server runs through every engine before opening its port,
+        on the first endpoint the model serves of chat, speech, transcription, translation
+        (a transcription gets half a second of a quiet 440 Hz tone as a WAV file). None:
+        no warm-up (a model serving only ``/v1/generate`` names its own request here)."""
         if CHAT in self.endpoints:
             return ChatCompletionRequest(model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)
         if SPEECH in self.endpoints:
             return SpeechRequest(model="", input="Hi", max_tokens=2, temperature=0)
+        for endpoint in (TRANSCRIPTION, TRANSLATION):
+            if endpoint in self.endpoints:
+                task = "translate" if endpoint == TRANSLATION else "transcribe"
+                return TranscriptionRequest(model="", task=task, file=_warmup_wav(), max_tokens=2, temperature=0)
         return None
+
+
+def _warmup_wav(seconds: float = 0.5, rate: int = 16000) -> bytes:
+    from mstar.api.audio import encode_audio
+
+    t = np.arange(int(seconds * rate), dtype=np.float32) / rate
+    return encode_audio((0.1 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), rate, "wav")
+
+
+def transcription_endpoint(request: TranscriptionRequest) -> str:
+    """The endpoint a transcription request is served under (its task's)."""
+    return TRANSLATION if request.task == TRANSLATE else TRANSCRIPTION
 
 
 def not_served(model: str, endpoint: str) -> ApiError:

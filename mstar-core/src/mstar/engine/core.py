@@ -149,7 +149,10 @@ class EngineCore:
             assert node.sampler_decl is not None
             prompt = None
             if node.sampler_decl.prompt_signal:
-                prompt = req.inputs[node.sampler_decl.prompt_signal].reshape(-1).tolist()
+                # An optional input may hold the prompt (a decoder prompt a model defaults
+                # itself): absent, the penalties see no prompt ids.
+                value = req.inputs.get(node.sampler_decl.prompt_signal)
+                prompt = value.reshape(-1).tolist() if value is not None else None
             node.sampler.add_request(slot, cfg, prompt or (), list(node.sampler_decl.stop_token_ids))
             req.slots[node_name] = slot
             if node.stop_rule is not None:

@@ -24,6 +24,7 @@ from mstar.api.protocol import (
     GenerateRequest,
     SpeechRequest,
 )
+from mstar.api.transcription import TRANSCRIBE, TRANSLATE
 from mstar.server.http_guard import BodyTimeout
 from mstar.server.middleware import ApiKeyAuth, BodyLimit, Draining, RequestMetrics
 from mstar.server.model_set import ModelSet, card
@@ -31,7 +32,9 @@ from mstar.server.openapi import install_openapi
 from mstar.server.routes_chat import chat_completions
 from mstar.server.routes_completions import completions
 from mstar.server.routes_generate import generate, upload_request
+from mstar.server.routes_plugin import adapter_routes, install_adapter_routes
 from mstar.server.routes_speech import speech
+from mstar.server.routes_transcriptions import read_form, transcriptions
 from mstar.server.routes_voices import install_voice_routes, voices
 from mstar.server.routes_ws_speech import speech_stream
 from mstar.server.runtime import ServerRuntime
@@ -44,7 +47,7 @@ log = logging.getLogger("mstar.server")
 
 ENDPOINTS = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/generate", "/v1/generate/upload", "/health", "/metrics", "/version",
-    "/v1/audio/voices", "/",
+    "/v1/audio/voices", "/", "/v1/audio/transcriptions", "/v1/audio/translations",
 }
 
 
@@ -65,6 +68,9 @@ def create_app(models: ServerRuntime | ModelSet, *, manage_runtime: bool = True)
     app = FastAPI(title="M* server", version=__version__, lifespan=lifespan)
     app.router.route_class = StrictJSONRoute
     _routes(app, ms)
+    # Routes the plugins serve themselves, counted under their own paths.
+    plugin_routes = adapter_routes(ms.runtimes, {r.path for r in app.routes if hasattr(r, "path")})
+    install_adapter_routes(app, plugin_routes)
     _error_handlers(app, ms)
     install_openapi(app, api_key=bool(ms.config.api_key))
     # Outermost last: metrics see every response, auth runs before the body is read.
@@ -72,7 +78,7 @@ def create_app(models: ServerRuntime | ModelSet, *, manage_runtime: bool = True)
     app.add_middleware(BodyTimeout, timeout_s=ms.config.body_timeout_s)
     app.add_middleware(ApiKeyAuth, api_key=ms.config.api_key)
     app.add_middleware(Draining, is_draining=lambda: ms.draining, retry_after=ms.retry_after_s)
-    app.add_middleware(RequestMetrics, metrics=ms.metrics, endpoints=ENDPOINTS)
+    app.add_middleware(RequestMetrics, metrics=ms.metrics, endpoints=ENDPOINTS | {route.path for route, _ in plugin_routes})
     return app
 
 
@@ -96,6 +102,17 @@ def _routes(app: FastAPI, ms: ModelSet) -> None:
     @app.post("/v1/audio/speech")
     async def audio_speech(body: SpeechRequest, request: Request) -> Response:
         return await speech(ms.get(body.model, request.scope), body, request.receive)
+
+    @app.post("/v1/audio/transcriptions")
+    async def audio_transcriptions(request: Request) -> Response:
+        # multipart/form-data, as OpenAI's: the audio in "file", the other fields beside it.
+        body = await read_form(request, TRANSCRIBE)
+        return await transcriptions(ms.get(body.model, request.scope), body, request.receive)
+
+    @app.post("/v1/audio/translations")
+    async def audio_translations(request: Request) -> Response:
+        body = await read_form(request, TRANSLATE)
+        return await transcriptions(ms.get(body.model, request.scope), body, request.receive)
 
     @app.websocket("/v1/audio/speech/stream")
     async def audio_speech_stream(websocket: WebSocket, model: str | None = None) -> None:

@@ -13,14 +13,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from mstar.api.adapter import CHAT, COMPLETIONS, GENERATE, SPEECH
+from mstar.api.adapter import CHAT, COMPLETIONS, GENERATE, SPEECH, TRANSCRIPTION, TRANSLATION
 from mstar.api.errors import ApiError
 from mstar.api.protocol import ModelCard
 from mstar.server.metrics import MODEL_SCOPE_KEY, MetricFamilies
 from mstar.server.middleware import HEALTH_DETAIL
 from mstar.server.runtime import ServerRuntime
 
-_ENDPOINTS = (CHAT, COMPLETIONS, SPEECH, GENERATE)
+_ENDPOINTS = (CHAT, COMPLETIONS, SPEECH, TRANSCRIPTION, TRANSLATION, GENERATE)
 
 
 class ModelSet:

@@ -15,7 +15,17 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from mstar.api.adapter import CHAT, COMPLETIONS, GENERATE, SPEECH, VOICE, ApiAdapter, EngineRequest
+from mstar.api.adapter import (
+    CHAT,
+    COMPLETIONS,
+    GENERATE,
+    SPEECH,
+    TRANSCRIPTION,
+    TRANSLATION,
+    VOICE,
+    ApiAdapter,
+    EngineRequest,
+)
 from mstar.api.errors import ApiError
 from mstar.api.voices import EngineVoice, SavedVoice, SessionVoice
 
@@ -66,6 +76,11 @@ def _adapter_call(adapter: ApiAdapter, endpoint: str, request: Any, voice: Saved
         voice = made.voice
         out = _voice_request(voice if isinstance(voice, EngineVoice) else voice.tensors)
         out.kwargs |= {"fields": list(made.fields), "transcript": getattr(voice, "transcript", None)}
+        return out
+    if endpoint in (TRANSCRIPTION, TRANSLATION):  # the upload is decoded here, off the API's event loop
+        decoded = request.decoded()
+        out = adapter.transcription_inputs(decoded)
+        out.kwargs.setdefault("audio_seconds", decoded.duration_s)
         return out
     if voice is not None:  # a speech (or spoken chat) request naming a saved voice
         if endpoint == CHAT:

@@ -3,7 +3,12 @@ or safetensors bytes; ``stream`` gives NDJSON, one line per output value.
 
 ``POST /v1/generate/upload`` takes the same request as ``multipart/form-data``: a ``request``
 field holding the JSON body and file parts, each becoming the input of its field name as a
-1-D uint8 tensor of the file's bytes (e.g. a video upload; the model's adapter decodes it)."""
+1-D uint8 tensor of the file's bytes (e.g. a video upload; the model's adapter decodes it).
+The graph's inputs are checked on what the adapter's ``generate_inputs`` made of them, so an
+adapter may take a part under a name of its own (``audio``) and decode it into its inputs.
+
+The ``logits`` signal (kwarg ``return_logits``) comes back as ``[steps, vocab]``: one row per
+sampled token; every other signal's values are joined along their first dimension."""
 
 from __future__ import annotations
 
@@ -75,11 +80,13 @@ async def generate(rt: ServerRuntime, req: GenerateRequest, receive: Receive) ->
         unknown = sorted(set(req.signals) - set(known))
         if unknown:
             raise ApiError(400, f"unknown output signal(s) {unknown}; this model outputs {known}", param="signals")
-    missing = rt.graph.missing_inputs(req.inputs)
+    ex = Execution(rt, GENERATE, prefix="gen")
+    # The adapter first: it may map the request's (or an upload's) names onto the graph's inputs.
+    prepared = await rt.preprocess.run(GENERATE, req, ex.request_id)
+    missing = rt.graph.missing_inputs(prepared.inputs)
     if missing:
         raise ApiError(400, f"missing input(s) {missing}; this model takes {list(rt.graph.request_inputs)}", param="inputs")
-    ex = Execution(rt, GENERATE, prefix="gen")
-    await ex.start(req, req.sampling, req.signals)
+    await ex.start(req, req.sampling, req.signals, prepared=prepared)
     if req.stream:
         body = ending_with_error(_ndjson(ex), ex, lambda exc: _ndjson_error_frames(ex, exc))
         return ManagedStreamingResponse(body, ex.close, media_type="application/x-ndjson", headers={"x-request-id": ex.request_id})
@@ -91,11 +98,20 @@ async def generate(rt: ServerRuntime, req: GenerateRequest, receive: Receive) ->
                     outputs.setdefault(signal, []).append(value)
     finally:
         ex.close()
-    joined = {name: concat_signal(parts) for name, parts in outputs.items()}
+    joined = {name: _joined(name, parts) for name, parts in outputs.items()}
     if req.output_format == "safetensors":
         meta = {"finish_reason": ex.finish_reason or "stop", "seeds": repr(ex.seeds), "id": ex.request_id}
         return Response(safetensors_bytes(joined, meta), media_type="application/octet-stream", headers={"x-request-id": ex.request_id})
     return JSONResponse(_body(rt, ex, {k: tensor_to_json(v) for k, v in joined.items()}))
+
+
+def _joined(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """A signal's values as one tensor: logits stacked to ``[steps, vocab]``, others
+    concatenated along dim 0. (Logits of sampling nodes with different vocabularies in one
+    request cannot stack: those stay joined flat, each step's ``[vocab]`` after the other.)"""
+    if name == LOGITS and parts and len({p.numel() for p in parts}) == 1:
+        return torch.stack([p.reshape(-1) for p in parts])
+    return concat_signal(parts)
 
 
 def _body(rt: ServerRuntime, ex: Execution, outputs: dict[str, Any]) -> dict[str, Any]:

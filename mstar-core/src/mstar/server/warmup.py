@@ -12,10 +12,11 @@ import asyncio
 import logging
 from typing import Any
 
-from mstar.api.adapter import CHAT, GENERATE, SPEECH
+from mstar.api.adapter import CHAT, GENERATE, SPEECH, transcription_endpoint
 from mstar.api.errors import ApiError
-from mstar.api.protocol import GenerateRequest
+from mstar.api.protocol import ChatCompletionRequest, GenerateRequest
 from mstar.api.sampling import request_sampling
+from mstar.api.transcription import TranscriptionRequest
 from mstar.server.execution import Execution
 from mstar.server.runtime import ServerRuntime, StartupError
 
@@ -23,8 +24,9 @@ log = logging.getLogger("mstar.server")
 
 
 async def warm_up(rt: ServerRuntime) -> None:
-    """Run ``rt``'s adapter's warm-up request (chat, speech, or a native generate request);
-    a failure stops the start-up with ``StartupError``."""
+    """Run ``rt``'s adapter's warm-up request (chat, speech, transcription, or a native
+    generate request: by default one of the endpoints the model serves); a failure stops the
+    start-up with ``StartupError``."""
     request = rt.adapter.warmup_request()
     if request is None:
         log.info("the model's adapter names no warm-up request; skipping warm-up")
@@ -32,12 +34,24 @@ async def warm_up(rt: ServerRuntime) -> None:
     if isinstance(request, GenerateRequest):  # the native route: its own sampling form
         endpoint, sampling = GENERATE, request.sampling
     else:
-        endpoint = CHAT if CHAT in rt.adapter.endpoints and hasattr(request, "messages") else SPEECH
+        endpoint = _endpoint(request)
+        if not rt.adapter.serves(endpoint):
+            raise StartupError(f"the adapter's warm-up request is a {endpoint} request, an endpoint the model does not serve "
+                               f"(it serves {sorted(rt.adapter.endpoints)}); return one of those from warmup_request()")
         sampling = request_sampling(request, max_tokens=("max_tokens", getattr(request, "max_tokens", None)))
+    log.info("warming up with a %s request", endpoint)
     rounds = max(len(names) for names in rt.placement.group_engines().values())
     replicas = [i if rounds > 1 else None for i in range(rounds)]
     for copies in (1, 2):
         await asyncio.gather(*(_run(rt, endpoint, request, sampling, r) for r in replicas for _ in range(copies)))
+
+
+def _endpoint(request: Any) -> str:
+    if isinstance(request, ChatCompletionRequest):
+        return CHAT
+    if isinstance(request, TranscriptionRequest):
+        return transcription_endpoint(request)
+    return SPEECH
 
 
 async def _run(rt: ServerRuntime, endpoint: str, request: Any, sampling: Any, replica: int | None) -> None:
