@@ -54,8 +54,3 @@ def _end_ids(checkpoint_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
     generation = checkpoint_dir / "generation_config.json"
     gen = json.loads(generation.read_text()) if generation.is_file() else {}
     return end_token_ids({**config, GENERATION_CONFIG: gen}, checkpoint_dir)
-
-
-def head_dim(config: dict[str, Any]) -> int:
-    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-

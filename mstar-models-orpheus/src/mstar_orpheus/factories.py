@@ -18,11 +18,11 @@ def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str, d
 
     dtype = dtype or torch.float32
     if checkpoint_dir is None:
-        lm = OrpheusLM(config, dtype)
+        lm = OrpheusLM(config)
         lm.init_random(float(config.get("initializer_range", 0.02)))
         return lm.to(device=device, dtype=dtype)
     with torch.device("meta"):  # no random init of weights about to be overwritten
-        lm = OrpheusLM(config, dtype).to(dtype)
+        lm = OrpheusLM(config).to(dtype)
     lm = lm.to_empty(device=device)
     # Derived buffers some exports carry, and a tied head's duplicate, are not loaded.
     ignore = (r"rotary_emb\.inv_freq$", *((r"^lm_head\.weight$",) if lm.tied else ()))

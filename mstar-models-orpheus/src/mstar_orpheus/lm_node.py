@@ -1,76 +1,55 @@
-"""Node ``lm``: the Llama backbone as an ``ARNodeSubmodule`` that samples the next token
-and turns audio tokens into SNAC codes for the ``code`` stream (withholding the rest)."""
+"""Node ``lm``: the Llama backbone (``mstar.layers.DecoderModel``, HF's key names) as a
+``CausalLMNode`` that samples the next token and turns audio tokens into SNAC codes for the
+``code`` stream (withholding the rest)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mstar.layers import vocab_logits
+from mstar.layers import DecoderModel, vocab_logits
 from mstar.model.submodule_base import (
-    ARNodeInputs,
-    ARNodeSubmodule,
     BatchedModelOutput,
     BatchedStopCheck,
     CurrentForwardPassInfo,
-    KVCacheLayout,
     ModelInputsFromEngine,
     StopCheck,
 )
+from mstar.text.lm import CausalLMNode
 from torch import nn
 
 from mstar_orpheus.audio_codes import tokens_to_codes
-from mstar_orpheus.config import head_dim
-from mstar_orpheus.llama import LlamaModel
 from mstar_orpheus.tokens import OrpheusTokens
 
 AUDIO_COUNT = "audio_tokens"  # per-request state: accepted audio tokens so far
 
 
-class OrpheusLM(ARNodeSubmodule):
-    def __init__(self, cfg: dict[str, Any], dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.dtype = dtype
-        self.vocab_size = int(cfg["vocab_size"])
+class OrpheusLM(CausalLMNode):
+    token_signal = "token"
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
         self.tokens = OrpheusTokens.from_dict(cfg["orpheus"])
         self.codebook_size = int(cfg["snac"].get("codebook_size", 4096))
         self.tied = bool(cfg.get("tie_word_embeddings", False))
-        self.model = LlamaModel(cfg)
-        if not self.tied:
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {cfg.get('hidden_act')!r} (Llama uses silu)")
+        self.model = DecoderModel(cfg)
+        if not self.tied:  # a tied head has no key of its own in Orpheus' checkpoints
             self.lm_head = nn.Linear(cfg["hidden_size"], self.vocab_size, bias=False)
 
-    # ---- contract ----------------------------------------------------------------------
-    def kv_cache_layout(self) -> KVCacheLayout:
-        return KVCacheLayout(self.cfg["num_hidden_layers"], self.cfg["num_key_value_heads"], head_dim(self.cfg), self.dtype)
-
-    def max_model_len(self) -> int:
-        return int(self.cfg["max_position_embeddings"])
-
-    def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
-        ids = signals["prompt_ids"] if info.walk == "prefill" else signals["token"]
-        ids = torch.as_tensor(ids).reshape(-1).to(torch.long)
-        if ids.numel() == 0:
-            raise ValueError("the prompt is empty")
-        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
-        return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
-
     def preprocess(self, graph_walk: str, engine_inputs: ModelInputsFromEngine, inputs: list) -> dict[str, Any]:
-        device = self.model.embed_tokens.weight.device
+        out = super().preprocess(graph_walk, engine_inputs, inputs)
         states = engine_inputs.per_request_states
         counts = [states[rid].get(AUDIO_COUNT, 0) if rid in states else 0 for rid in engine_inputs.request_ids]
-        return {
-            "input_ids": torch.cat([i.input_ids for i in inputs]).to(device),
-            "audio_count": torch.tensor(counts, dtype=torch.long, device=device),
-        }
+        out["audio_count"] = torch.tensor(counts, dtype=torch.long, device=out["input_ids"].device)
+        return out
 
     def forward_batched(
         self, graph_walk: str, engine_inputs: ModelInputsFromEngine, input_ids: torch.Tensor, audio_count: torch.Tensor
     ) -> BatchedModelOutput:
         assert engine_inputs.positions is not None
-        hidden = self.model(input_ids, engine_inputs.positions.to(input_ids.device), engine_inputs.attention)
+        hidden = self.hidden_states(input_ids, engine_inputs.positions.to(input_ids.device), engine_inputs.attention)
         last = hidden[engine_inputs.last_token_index.long()]
         out = engine_inputs.run_region("head", self.sample_head, {"hidden": last})
         token = out["token"]
@@ -88,6 +67,9 @@ class OrpheusLM(ARNodeSubmodule):
         return BatchedStopCheck({rid: StopCheck(withheld=("code",)) for rid, ok in zip(request_ids, audio, strict=True) if not ok})
 
     # ---- pieces ------------------------------------------------------------------------
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
+        return self.model(input_ids, positions, attention)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         h = self.model.norm(hidden)
         return vocab_logits(h, self.model.embed_tokens.weight if self.tied else self.lm_head.weight)

@@ -138,7 +138,7 @@ def yarn_inv_freq(dim: int, params: Mapping[str, Any], max_positions: int | None
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # a ramp of zero width
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
     pos_freqs = theta ** _exponents(dim)
     kept = 1 - ramp  # weight of the extrapolated (unscaled) frequency
     inv = (1.0 / (factor * pos_freqs)) * (1 - kept) + (1.0 / pos_freqs) * kept
@@ -171,7 +171,7 @@ def inv_freq_for(dim: int, params: Mapping[str, Any], max_positions: int | None 
     if kind == "yarn":
         return yarn_inv_freq(dim, params, max_positions)
     if kind == "longrope":
-        short = torch.tensor(params["short_factor"], dtype=torch.float32)
+        short = torch.tensor(params["short_factor"], dtype=torch.float32, device="cpu")
         return 1.0 / (short * theta ** _exponents(dim)), _longrope_attention(params, max_positions)
     inv_freq = default_inv_freq(dim, theta)
     if kind == "linear":
@@ -200,7 +200,7 @@ class RotaryEmbedding:
         self.long_inv_freq: torch.Tensor | None = None
         if self.kind == "longrope":
             self.switch_at = int(params["original_max_position_embeddings"])
-            long = torch.tensor(params["long_factor"], dtype=torch.float32)
+            long = torch.tensor(params["long_factor"], dtype=torch.float32, device="cpu")
             self.long_inv_freq = 1.0 / (long * float(params["rope_theta"]) ** _exponents(self.rotary_dim))
         elif self.kind == "dynamic":
             self.switch_at = int(_required(max_position_embeddings, "dynamic"))

@@ -176,7 +176,10 @@ def sample_step(logits: torch.Tensor, engine_inputs: ModelInputsFromEngine) -> B
 
 class CausalLMNode(ARNodeSubmodule):
     """The KV node of a decoder-only text LLM on the paged cache. A subclass builds its
-    layers from ``config`` (HF keys) and implements ``hidden_states`` and ``logits``."""
+    layers from ``config`` (HF keys) and implements ``hidden_states`` and ``logits``.
+    ``token_signal``: the signal a decode step reads its token from (``tokens``)."""
+
+    token_signal = TOKENS
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__()
@@ -207,7 +210,7 @@ class CausalLMNode(ARNodeSubmodule):
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
         if info.walk != PREFILL:  # the token this node's sampler drew: in range by construction
-            ids = signals[TOKENS].reshape(-1)
+            ids = signals[self.token_signal].reshape(-1)
             return ARNodeInputs(input_ids=ids, input_seq_len=ids.numel())
         ids = signals[PROMPT].reshape(-1).to(torch.long)
         if ids.numel() == 0:
