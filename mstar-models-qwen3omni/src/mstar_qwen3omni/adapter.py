@@ -15,6 +15,8 @@ Speech out, for checkpoints with a Talker (``talker_config.speaker_id`` lists it
   the user's text read aloud word for word) and ``input`` as the user message. The checkpoint
   has no prompt format that forces its text, so what is spoken is what the Thinker answers
   (with released weights: the input). ``instructions`` and ``speed`` other than 1 are a 400.
+- ``/v1/audio/transcriptions`` and ``/translations`` (checkpoints with an audio encoder): the
+  Thinker answers a chat of the audio and an instruction, in text (``adapter_transcription``).
 - Sampling: OpenAI's fields drive the Thinker; ``sampling.nodes.talker`` (main fields and
   ``aux.code_predictor``) the Talker and its code predictor.
 
@@ -35,10 +37,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mstar.api.adapter import CHAT, COMPLETIONS, SPEECH, EngineRequest, Voice
+from mstar.api.adapter import (
+    CHAT,
+    COMPLETIONS,
+    SPEECH,
+    TRANSCRIPTION,
+    TRANSLATION,
+    EngineRequest,
+    Voice,
+)
 from mstar.api.errors import ApiError
 from mstar.api.protocol import ChatCompletionRequest, SpeechRequest
 from mstar.api.text_adapter import TextLMAdapter
+from mstar.api.transcription import TranscriptionRequest
 from mstar.text import chat_prompt_ids
 from mstar.text.lm import PROMPT
 
@@ -97,6 +108,9 @@ class OmniChatAdapter(TextLMAdapter):
             self.chat_audio = True
             self.audio_signal = AUDIO_SIGNAL
             self.sample_rate = SAMPLE_RATE
+        if "audio" in self.media_kinds:  # an audio encoder transcribes
+            self.endpoints = self.endpoints | {TRANSCRIPTION, TRANSLATION}
+            self.max_audio_seconds = min(limits.max_audio_seconds, limits.max_request_audio_seconds)
 
     def voices(self) -> list[Voice]:
         return [Voice(name) for name in self.speakers]
@@ -135,6 +149,11 @@ class OmniChatAdapter(TextLMAdapter):
         messages = [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}, {"role": "user", "content": request.input}]
         ids = chat_prompt_ids(self.tokenizer, messages)
         return self._speaking(self._request(ids, "input"), request.voice, "voice")
+
+    def transcription_inputs(self, request: TranscriptionRequest) -> EngineRequest:
+        from mstar_qwen3omni.adapter_transcription import transcription_inputs
+
+        return transcription_inputs(self, request)
 
     def _chat_inputs(self, request: ChatCompletionRequest) -> EngineRequest:
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
