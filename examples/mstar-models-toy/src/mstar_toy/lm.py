@@ -1,4 +1,5 @@
-"""The toy LM: a small Llama-style decoder on M*'s paged KV cache."""
+"""The toy LM: a small Llama-style decoder on M*'s paged KV cache, built from
+``mstar.layers``."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from mstar.layers import RMSNorm, apply_rope
+from mstar.layers import GatedMLP, PagedSelfAttention, RMSNorm, RotaryEmbedding, head_dim_of
 from mstar.model.submodule_base import (
     ARNodeInputs,
     ARNodeSubmodule,
@@ -25,48 +25,20 @@ LOGPROB, TOP_IDS, TOP_VALUES = "logprob", "top_logprob_ids", "top_logprob_values
 LOGPROB_SIGNALS = (LOGPROB, TOP_IDS, TOP_VALUES)
 
 
-def rope(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-    freqs = positions.to(torch.float32)[:, None] * inv[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos()[:, None, :], emb.sin()[:, None, :]
+class Block(GatedMLP):
+    """A pre-norm decoder block. The toy's checkpoints keep the MLP's projections on the
+    block itself (``layers.N.gate_proj``), so the block is the ``GatedMLP`` and adds the
+    norms and attention (``input_norm``, ``attn``, ``post_norm``)."""
 
-
-class Attention(nn.Module):
     def __init__(self, cfg: Mapping[str, Any]) -> None:
-        super().__init__()
-        h = cfg["hidden_size"]
-        self.n_heads = cfg["num_attention_heads"]
-        self.n_kv = cfg["num_key_value_heads"]
-        self.head_dim = h // self.n_heads
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Any, layer: int) -> torch.Tensor:
-        t = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(t, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(t, self.n_kv, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
-        return self.o_proj(attn.run(layer, q, k, v).reshape(t, -1))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: Mapping[str, Any]) -> None:
-        super().__init__()
-        h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
-        self.input_norm = RMSNorm(h, eps)
-        self.attn = Attention(cfg)
-        self.post_norm = RMSNorm(h, eps)
-        self.gate_proj = nn.Linear(h, cfg["intermediate_size"], bias=False)
-        self.up_proj = nn.Linear(h, cfg["intermediate_size"], bias=False)
-        self.down_proj = nn.Linear(cfg["intermediate_size"], h, bias=False)
+        super().__init__(cfg["hidden_size"], cfg["intermediate_size"])
+        self.input_norm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.attn = PagedSelfAttention.from_config(cfg)
+        self.post_norm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Any, layer: int) -> torch.Tensor:
         x = x + self.attn(self.input_norm(x), cos, sin, attn, layer)
-        h = self.post_norm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x + super().forward(self.post_norm(x))
 
 
 class ToyLM(ARNodeSubmodule):
@@ -83,7 +55,8 @@ class ToyLM(ARNodeSubmodule):
         self.head = nn.Linear(h, cfg["vocab_size"], bias=False)
         self.aux_embed = nn.Embedding(cfg["vocab_size"], h)
         self.aux_head = nn.Linear(h, cfg["residual_codes"], bias=False)
-        self.head_dim = h // cfg["num_attention_heads"]
+        self.head_dim = head_dim_of(cfg)
+        self.rope = RotaryEmbedding.from_config(cfg, self.head_dim)
         self.eos_token_id = cfg["eos_token_id"]
 
     def kv_cache_layout(self) -> KVCacheLayout:
@@ -130,8 +103,7 @@ class ToyLM(ARNodeSubmodule):
     def hidden_states(self, input_ids: torch.Tensor, engine_inputs: ModelInputsFromEngine) -> torch.Tensor:
         assert engine_inputs.positions is not None
         x = self.embed(input_ids)
-        # Angles in float32, applied in the model's dtype (as HF's rotary embeddings do).
-        cos, sin = (t.to(x.dtype) for t in rope(engine_inputs.positions, self.head_dim, self.cfg["rope_theta"]))
+        cos, sin = self.rope(engine_inputs.positions, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, engine_inputs.attention, i)
         return x
