@@ -13,8 +13,12 @@ from mstar import Engine
 
 transformers = pytest.importorskip("transformers")
 
-PROMPTS = ([90], [90, 3, 41], [90, 7], [90, 60, 61, 62, 63])
+TAILS = ([], [3, 41], [7], [60, 61, 62, 63])  # after <|startoftranscript|>
 NEW = 12
+
+
+def prompt_of(config: dict, seed: int) -> list[int]:
+    return [config["decoder_start_token_id"], *TAILS[seed % len(TAILS)]]
 
 
 def features(config: dict, seed: int) -> torch.Tensor:
@@ -23,14 +27,14 @@ def features(config: dict, seed: int) -> torch.Tensor:
 
 
 def request(config: dict, seed: int, new: int = NEW) -> dict:
-    prompt = PROMPTS[seed % len(PROMPTS)]
+    prompt = prompt_of(config, seed)
     return {"inputs": {"input_features": features(config, seed), "prompt_ids": torch.tensor(prompt)},
             "sampling": {"temperature": 0, "max_tokens": new, "ignore_eos": True}, "kwargs": {"return_logits": True}}
 
 
 def reference(hf, config: dict, seed: int, new: int = NEW) -> tuple[list[int], torch.Tensor]:
     """transformers generate for one request alone: (new ids, [steps, vocab] logits)."""
-    prompt = PROMPTS[seed % len(PROMPTS)]
+    prompt = prompt_of(config, seed)
     with torch.no_grad():
         out = hf.generate(input_features=features(config, seed)[None], decoder_input_ids=torch.tensor([prompt]),
                           max_new_tokens=new, min_new_tokens=new, do_sample=False, output_logits=True,
@@ -119,14 +123,14 @@ def test_batch_of_8_with_staggered_arrivals(whisper_ckpt, whisper_hf, config) ->
 
 
 def test_preemption_frees_and_rewrites_cross_caches(whisper_ckpt, whisper_hf, config) -> None:
-    """A pool of 10 blocks of 16 positions: each request ends holding 2 cross blocks (24
+    """A pool of 11 blocks of 16 positions: each request ends holding 4 cross blocks (50
     encoder states) and 2 self blocks (up to 29 positions), so 8 requests cannot all run;
     preempted ones recompute their caches, cross caches written again from the encoder
     states they still hold."""
     per_block = 2 * 2 * 16 * 4 * 8 * 4  # K and V x layers x block x kv heads x head_dim x float32
-    e = engine(whisper_ckpt, kv_budget_bytes=10 * per_block)
+    e = engine(whisper_ckpt, kv_budget_bytes=11 * per_block)
     try:
-        assert e.core.nodes["decoder"].kv.num_blocks == 10
+        assert e.core.nodes["decoder"].kv.num_blocks == 11
         results = e.run_batch([request(config, seed, new=24) for seed in range(8)])
         assert e.core.stats.preemptions > 0
         for seed, result in enumerate(results):
@@ -137,7 +141,7 @@ def test_preemption_frees_and_rewrites_cross_caches(whisper_ckpt, whisper_hf, co
 
 
 def test_cross_caches_count_in_the_kv_pool(whisper_ckpt, config) -> None:
-    """After the prefill, a request holds its 24 cross positions (2 blocks) beside its self
+    """After the prefill, a request holds its 50 cross positions (4 blocks) beside its self
     positions; the engine's KV stats report the cross blocks."""
     e = engine(whisper_ckpt, kv_budget_bytes=1 << 22)
     seen = []
@@ -152,8 +156,8 @@ def test_cross_caches_count_in_the_kv_pool(whisper_ckpt, config) -> None:
         req["sampling"]["max_tokens"] = 2
         [result] = e.run_batch([req])
         assert result.error is None
-        # step 1: the encoder; step 2: the prefill (1 self block + 2 cross blocks).
-        assert (3, 2) in seen, seen
+        # step 1: the encoder; step 2: the prefill (1 self block + 4 cross blocks).
+        assert (5, 4) in seen, seen
     finally:
         e.close()
 
