@@ -134,3 +134,29 @@ def test_sliding_window_of_reads_each_family() -> None:
     cfg = hf_qwen2.to_dict()
     assert [sliding_window_of(cfg, i) for i in range(4)] == [hf_qwen2.sliding_window if t == "sliding_attention" else None
                                                               for t in hf_qwen2.layer_types]
+
+
+def test_fused_partial_rotary_model_on_the_paged_cache() -> None:
+    """Phi-3 layout through the real torch backend: a prefill of 9 tokens, then decode steps
+    one token at a time (the decode buffer's path), logits equal to transformers' at every
+    position of the whole sequence."""
+    from mstar.attention import AttentionBatch, AttentionRow, TorchAttentionBackend
+    from mstar.kv import KVCacheManager
+
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.0, 2.0, 4.0, 8.0]}
+    hf = _hf("Phi3ForCausalLM", partial_rotary_factor=0.5, original_max_position_embeddings=16, rope_parameters=rope)
+    lm = _ours(hf, fused_qkv=True, fused_gate_up=True)
+    layout = lm.kv_cache_layout()
+    kv = KVCacheManager(layout.num_layers, layout.num_kv_heads, layout.head_dim, block_size=4, num_blocks=16)
+    backend = TorchAttentionBackend(kv, decode_buffer=True)
+    ids = torch.randint(3, TINY["vocab_size"], (LENGTH,), generator=torch.Generator().manual_seed(1))
+    got, start = [], 0
+    with torch.no_grad():
+        for n in (9, *[1] * (LENGTH - 9)):
+            assert kv.append("r", "main", n)
+            batch = AttentionBatch.build([AttentionRow("r", "main", n)], kv, "cpu")
+            backend.plan(batch)
+            got.append(lm.logits(lm.hidden_states(ids[start : start + n], batch.positions, backend)))
+            start += n
+        want = hf(input_ids=ids[None]).logits[0]
+    torch.testing.assert_close(torch.cat(got), want, atol=1e-5, rtol=1e-5)

@@ -81,3 +81,12 @@ def test_decoder_stack_matches_transformers(config_cls: str, qk_norm: bool, extr
         want = hf(input_ids=ids).last_hidden_state[0]
         got = ours(ids[0])
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("head_dim", [8, 32, 128])
+def test_rotate_with_the_signed_sine_equals_apply_rope(head_dim: int) -> None:
+    from mstar.layers import apply_rope, rotate, signed_sin
+
+    cos, sin = RotaryEmbedding(head_dim, {"rope_theta": 1e6})(torch.arange(0, 3000, 7), torch.float32)
+    x = torch.randn(cos.shape[0], 4, head_dim, generator=torch.Generator().manual_seed(head_dim)) * 5
+    assert torch.equal(rotate(x, cos, signed_sin(sin)), apply_rope(x, cos, sin))
