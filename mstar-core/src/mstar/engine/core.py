@@ -57,6 +57,11 @@ class EngineCore:
         # torch threads of the threads this engine owns (the step loop pins itself with
         # pin_thread; the overlap worker at its start); None leaves them as they are.
         self.forward_threads = forward_threads
+        for node in nodes.values():  # NodeSubmodule.slot_states: one row per admission slot
+            node.slot_states = {
+                name: torch.zeros((self.config.max_num_seqs, *spec.shape), dtype=spec.dtype, device=node.device)
+                for name, spec in node.submodule.slot_states().items()
+            }
         self.overlap = OverlapWorker(forward_threads)
         self.idle = False
         # Partitions run here only when all their nodes are placed here; streams from or
@@ -141,6 +146,9 @@ class EngineCore:
 
     def _start(self, req: Request, slot: int) -> None:
         req.slots = {"__slot__": slot}
+        for node in self.nodes.values():
+            for state in node.slot_states.values():
+                state[slot].zero_()  # the last holder's values are not this request's
         req.signals = dict(req.inputs)
         for node_name, node in self.nodes.items():
             if node.sampler is None:

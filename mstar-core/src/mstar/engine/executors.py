@@ -72,6 +72,7 @@ class LoadedNode:
     output_cache: OutputCache | None = None  # stateless nodes that key their rows' outputs
     piecewise: dict[str, PiecewiseRunner] = field(default_factory=dict)
     cross_signal: str | None = None  # KV nodes with cross-attention: KVCacheLayout.cross_attention
+    slot_states: dict[str, torch.Tensor] = field(default_factory=dict)  # NodeSubmodule.slot_states, allocated
     executor: NodeExecutor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -99,9 +100,8 @@ class NodeExecutor:
         self._slots: tuple[tuple[int, ...], torch.Tensor] | None = None
 
     def slot_tensor(self, rows: list[Row]) -> torch.Tensor:
-        """int64 [B]: each row's slot in this node's sampler, on the node's device."""
-        name = self.node.name
-        key = tuple(r.req.slots[name] for r in rows)
+        """int64 [B]: each row's slot (its sampler's and slot states' row), on the node's device."""
+        key = tuple(r.req.slots["__slot__"] for r in rows)
         if self._slots is None or self._slots[0] != key:
             self._slots = key, torch.tensor(key, dtype=torch.long, device=self.node.device)
         return self._slots[1]
@@ -172,11 +172,14 @@ class NodeExecutor:
             r.stop = merge(c, checks.get(r.req.id))
 
     def _engine_inputs(self, rows: list[Row]) -> ModelInputsFromEngine:
-        return ModelInputsFromEngine(
+        ei = ModelInputsFromEngine(
             request_ids=[r.req.id for r in rows],
             per_request_info={r.req.id: r.prepared.info for r in rows},
             per_request_states={r.req.id: r.req.state(self.node.name) for r in rows},
         )
+        if self.node.slot_states:
+            ei.slot_states, ei.slot_index = self.node.slot_states, self.slot_tensor(rows)
+        return ei
 
 
 class StatelessNodeExecutor(NodeExecutor):

@@ -120,6 +120,15 @@ class PerRequestState:
         (self.tensors if isinstance(value, torch.Tensor) else self.kwargs)[key] = value
 
 
+@dataclass(frozen=True)
+class SlotState:
+    """A per-request state of fixed shape kept for the whole batch in one tensor
+    (``NodeSubmodule.slot_states``)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+
 @dataclass
 class ModelInputsFromEngine:
     """Everything the engine hands a batched forward besides the collated inputs."""
@@ -137,6 +146,10 @@ class ModelInputsFromEngine:
     # does. Project them per layer and pass them to ``attention.cross``.
     cross_states: torch.Tensor | None = None
     cross_write_rows: tuple[int, ...] = ()
+    # Nodes declaring ``slot_states``: each name's whole [max_num_seqs, *shape] tensor (the
+    # same object every step), and [B] int64 each row's slot in it, on the node's device.
+    slot_states: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    slot_index: torch.Tensor | None = None
 
     def run_region(
         self, label: str, fn: Callable[[dict[str, torch.Tensor], Any], dict[str, Any]], static_inputs: dict[str, torch.Tensor]
@@ -301,6 +314,15 @@ class NodeSubmodule(nn.Module, ABC):
 
     def cleanup_request(self, request_id: str) -> None:
         """Drop private per-request state; the engine calls it when a request leaves."""
+
+    def slot_states(self) -> Mapping[str, SlotState]:
+        """Per-request states of fixed shape, held by the engine as one tensor per name,
+        ``[max_num_seqs, *shape]``: a request owns row ``slot`` of each from admission to its
+        end (through chunked prefill and preemption), zeroed when it is admitted.
+        ``forward_batched`` gets them as ``engine_inputs.slot_states`` with the rows' slots in
+        ``engine_inputs.slot_index``: gather with ``index_select``, write with ``index_copy_``
+        — a batch-level view, where ``PerRequestState`` would be stacked row by row each step."""
+        return {}
 
 
 @dataclass(frozen=True)
