@@ -19,3 +19,9 @@ def test_engine_and_api_processes_freeze_what_they_built(start_server):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     reply = client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
     assert reply.choices[0].finish_reason in ("stop", "length")
+    # The warm-up request ran before the server said it was ready: the engine froze again
+    # after it, with more objects than at its build (what the first forwards made).
+    log = server.log_tail(20000)
+    again = re.search(r"engine (\S+) after its first request: (\d+) start-up objects", log)
+    assert again, log[-2000:]
+    assert int(again.group(2)) > frozen[f"engine {again.group(1)}"]

@@ -201,6 +201,10 @@ class Engine:
                 },
             }
 
+    def stats_requests(self) -> int:
+        """Requests added since the engine started (no lock: a counter read)."""
+        return self._requests_added
+
     def add_step_listener(self, fn: Any) -> None:
         """``fn()`` runs on the engine thread after each step's outputs were handed out,
         so a transport can send one message per step."""

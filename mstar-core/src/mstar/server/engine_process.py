@@ -106,6 +106,17 @@ class EngineWorker:
         self.ctx = zmq.Context()
         self.engine: Any = None
         self.reporter: StatsReporter | None = None
+        self._warm_frozen = False
+
+    def _freeze_after_warm_up(self) -> None:
+        """Once the first request (the server's warm-up) has left and nothing runs: freeze
+        again, so what the first forwards made (compiled kernels' caches, lazily built
+        tables, the plugin's first-use state) is kept out of the collector too. Once."""
+        engine = self.engine
+        if self._warm_frozen or not engine.stats_requests() or engine.core.running or engine.core.waiting:
+            return
+        self._warm_frozen = True
+        freeze_startup_objects(f"engine {self.spec.name} after its first request")
 
     def run(self) -> int:
         sender_thread = threading.Thread(target=self._send_loop, name="mstar-sender", daemon=True)
@@ -121,6 +132,7 @@ class EngineWorker:
         commands = self._command_socket()
         # Before any request: every step's outputs leave as one message.
         self.engine.add_step_listener(self.sender.step_ended)
+        self.engine.add_step_listener(self._freeze_after_warm_up)
         self.sender.put(Ready(self.spec.name, os.getpid(), list(self.spec.nodes), engine_stats(self.engine)))
         self.reporter = StatsReporter(self.spec.name, self.engine, self.sender.put, self.spec.stats_interval_s)
         self.reporter.start()
