@@ -39,10 +39,12 @@ def mstar_model_spec() -> Any:
 @hookspec(firstresult=True)
 def mstar_node_factories(config: dict) -> Any:
     """``{node name: NodeFactory}`` for every node of the graph. A factory is called as
-    ``factory(config, checkpoint_dir_or_None, device, dtype=dtype)`` and returns the node's
+    ``factory(config, checkpoint_dir, device, dtype=dtype)`` and returns the node's
     ``NodeSubmodule`` built in ``dtype`` (a ``torch.dtype`` core decided from ``--dtype``
-    and ``ModelSpec.float32_nodes``; random init when the directory is None). A factory
-    without a ``dtype`` parameter is called without it.
+    and ``ModelSpec.float32_nodes``), its weights loaded from ``checkpoint_dir``. Core always
+    passes a directory: for random weights (``--random-weights``, ``check-plugin``) the tiny
+    checkpoint ``ModelSpec.write_tiny_checkpoint`` wrote. A factory without a ``dtype``
+    parameter is called without it.
 
     Called in each engine process for the nodes placed there. Required.
     """
@@ -110,7 +112,9 @@ def mstar_piecewise_graph_configs(model_name: str, node: str, submodule: Any) ->
 @hookspec(firstresult=True)
 def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None) -> Any:
     """The model's ``ApiAdapter``: the endpoints it serves and how a request becomes engine
-    inputs and sampling configs, and outputs become responses.
+    inputs and sampling configs, and outputs become responses. Its ``routes()`` may add
+    routes of the model's own (``mstar.api.routes.AdapterRoute``), mounted with core's auth,
+    admission, error shape and metrics.
 
     Called once in the API process and once in each preprocess worker. Default: none,
     the model serves only what ``/v1/generate`` can express natively.
