@@ -189,3 +189,14 @@ def _has(server: ServerProcess, endpoint: str) -> bool:
         return True
     except KeyError:
         return False
+
+
+def test_mstar_client_transcribes(server: ServerProcess, client: openai.OpenAI) -> None:
+    from mstar.client import Client
+
+    wav = _wav(1.0)
+    want = _transcribe(client, file=("a.wav", wav, "audio/wav")).text
+    with Client(server.url, api_key=API_KEY) as c:
+        assert c.transcribe(wav, "asrtoy", temperature=0, max_tokens=MAX_TOKENS)["text"] == want
+        assert c.transcribe(wav, "asrtoy", response_format="text", temperature=0, max_tokens=MAX_TOKENS) == want
+        assert "".join(c.transcribe_stream(wav, "asrtoy", temperature=0, max_tokens=MAX_TOKENS)) == want

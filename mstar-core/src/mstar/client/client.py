@@ -11,6 +11,7 @@
         wav = c.speech("Hello there", voice="anna")
         out = c.generate({"prompt_ids": [256, 72, 105]}, sampling={"max_tokens": 8})
         out.outputs["token"]  # a torch.Tensor
+        text = c.transcribe("speech.wav", language="en")["text"]  # a model that transcribes
 """
 
 from __future__ import annotations
@@ -123,6 +124,36 @@ class Client:
         r = self._http.post("/v1/audio/voices", data=fields, files={"audio": ("reference", data)})
         _raise_for(r)
         return r.json()
+
+    # ---- speech to text -------------------------------------------------------------------
+    def transcribe(self, audio: bytes | str | Path, model: str | None = None, *, translate: bool = False,
+                   response_format: str = "json", **fields: Any) -> Any:
+        """``POST /v1/audio/transcriptions`` (``translations`` with ``translate``) of a file's
+        bytes or path: the JSON body as a dict (``json``, ``verbose_json``) or the text
+        (``text``, ``srt``, ``vtt``); ``fields`` are the other form fields (``language``,
+        ``prompt``, ``temperature``, ``max_tokens``, ...)."""
+        data = audio if isinstance(audio, bytes) else Path(audio).read_bytes()
+        form = {"model": model or self.model, "response_format": response_format, **{k: str(v) for k, v in fields.items()}}
+        path = "/v1/audio/translations" if translate else "/v1/audio/transcriptions"
+        r = self._http.post(path, data=form, files={"file": ("audio", data)})
+        _raise_for(r)
+        return r.json() if response_format in ("json", "verbose_json") else r.text
+
+    def transcribe_stream(self, audio: bytes | str | Path, model: str | None = None, **fields: Any) -> Iterator[str]:
+        """The text deltas of a streamed transcription (``transcript.text.delta`` events)."""
+        data = audio if isinstance(audio, bytes) else Path(audio).read_bytes()
+        form = {"model": model or self.model, "stream": "true", **{k: str(v) for k, v in fields.items()}}
+        with self._http.stream("POST", "/v1/audio/transcriptions", data=form, files={"file": ("audio", data)}) as r:
+            if r.status_code >= 400:
+                r.read()
+                _raise_for(r)
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        raise MstarAPIError(500, event["error"])
+                    if event.get("type") == "transcript.text.delta":
+                        yield event["delta"]
 
     def delete_voice(self, name: str, model: str | None = None) -> None:
         r = self._http.delete(f"/v1/audio/voices/{name}", params={"model": model} if model else None)
