@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mstar.layers import apply_rope
+from mstar.layers import RotaryEmbedding, apply_rope, rotate, signed_sin
 from mstar.layers.norm import rms_norm_formula
 from mstar_qwen3tts.code_predictor import CodePredictor
-from mstar_qwen3tts.layers import rope_cos_sin, rotate, signed_sin
 from mstar_qwen3tts.transformer import QKNormAttention
 from qwen3tts_helpers import small_predictor
 
@@ -17,7 +16,7 @@ from qwen3tts_helpers import small_predictor
 @pytest.mark.parametrize("head_dim", [8, 32, 128])
 def test_rotate_with_the_signed_sine_equals_apply_rope(head_dim) -> None:
     gen = torch.Generator().manual_seed(head_dim)
-    cos, sin = rope_cos_sin(torch.arange(0, 3000, 7), head_dim, 1_000_000.0, torch.float32)
+    cos, sin = RotaryEmbedding(head_dim, {"rope_theta": 1_000_000.0}).cos_sin(torch.arange(0, 3000, 7), torch.float32)
     x = torch.randn(cos.shape[0], 4, head_dim, generator=gen) * 5
     cos, sin = cos[:, None, :], sin[:, None, :]
     assert torch.equal(rotate(x, cos, signed_sin(sin)), apply_rope(x, cos, sin))
@@ -44,7 +43,7 @@ def test_attention_qkv_equals_the_reference_formulas() -> None:
     attn = _predictor().model.layers[0].self_attn
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(8, 3, 64, generator=gen)
-    cos, sin = rope_cos_sin(torch.arange(3), 16, 1_000_000.0, torch.float32)
+    cos, sin = RotaryEmbedding(16, {"rope_theta": 1_000_000.0}).cos_sin(torch.arange(3), torch.float32)
     cos, sin = cos[:, None, :], sin[:, None, :]
     got = attn.qkv(x, cos, signed_sin(sin))
     for a, b in zip(got, _reference_qkv(attn, x, cos, sin), strict=True):
@@ -76,6 +75,6 @@ def test_predictor_rope_tables_equal_a_call_per_step() -> None:
     start = 0
     assert [n for n, _, _ in calls] == [2, 1, 1, 1, 1]
     for n, cos, sin in calls:
-        want_cos, want_sin = rope_cos_sin(torch.arange(start, start + n), 16, 1_000_000.0, torch.float32)
+        want_cos, want_sin = RotaryEmbedding(16, {"rope_theta": 1_000_000.0}).cos_sin(torch.arange(start, start + n), torch.float32)
         assert torch.equal(cos, want_cos[:, None, :]) and torch.equal(sin, signed_sin(want_sin)[:, None, :])
         start += n

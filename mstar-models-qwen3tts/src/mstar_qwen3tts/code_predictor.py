@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from mstar.layers import RMSNorm, RotaryEmbedding, signed_sin
 from torch import nn
 
 from mstar_qwen3tts.config import PredictorConfig
-from mstar_qwen3tts.layers import RMSNorm, rope_cos_sin, signed_sin
 from mstar_qwen3tts.transformer import DecoderLayer
 
 AUX_LABEL = "code_predictor"
@@ -44,6 +44,7 @@ class CodePredictor(nn.Module):
         self.small_to_mtp_projection: nn.Module = (
             nn.Linear(talker_hidden, cfg.hidden_size, bias=True) if talker_hidden != cfg.hidden_size else nn.Identity()
         )
+        self.rope = RotaryEmbedding(cfg.head_dim, {"rope_theta": cfg.rope_theta})
         self._rope: dict[tuple[torch.device, torch.dtype], dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -54,8 +55,8 @@ class CodePredictor(nn.Module):
         if tables is None:
             tables = {}
             for start, n in [(0, 2), *((p, 1) for p in range(2, self.cfg.num_code_groups))]:
-                cos, sin = rope_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_theta, dtype)
-                tables[start] = cos[:, None, :], signed_sin(sin)[:, None, :]
+                cos, sin = self.rope(torch.arange(start, start + n, device=device), dtype)
+                tables[start] = cos, signed_sin(sin)
             self._rope[(device, dtype)] = tables
         return tables
 

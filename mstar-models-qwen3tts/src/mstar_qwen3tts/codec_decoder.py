@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from mstar.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
 from mstar.layers.codec_blocks import ConvNeXtBlock, LayerScale, ResidualUnit, SnakeBeta
 from mstar.layers.streaming import CausalConv1d as CausalConv
 from mstar.layers.streaming import CausalConvTranspose1d as CausalUpsample
@@ -21,7 +22,6 @@ from mstar.layers.streaming import StreamState, stream_positions, window_keys_va
 from torch import nn
 
 from mstar_qwen3tts.config import CodecConfig
-from mstar_qwen3tts.layers import GatedMLP, RMSNorm, apply_rope, rope_cos_sin
 
 
 class DecoderBlock(nn.Module):
@@ -157,6 +157,7 @@ class PreTransformer(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = RotaryEmbedding(cfg.head_dim, {"rope_theta": cfg.rope_theta})
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
 
@@ -166,15 +167,14 @@ class PreTransformer(nn.Module):
         t = x.shape[1]
         if state is None:
             pos = torch.arange(t, device=x.device)
-            cos, sin = rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-            cos, sin = cos[:, None, :], sin[:, None, :]
+            cos, sin = self.rope(pos, x.dtype)
             delta = pos[:, None] - pos[None, :]
             mask = (delta >= 0) & (delta < self.cfg.sliding_window)
             stream = None
         else:
             # Absolute positions per stream; masks come from each layer's carried window.
             positions = stream_positions(state, self, t, x.device)
-            cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+            cos, sin = self.rope.cos_sin(positions, x.dtype)
             cos, sin = cos[:, :, None, :], sin[:, :, None, :]
             mask = torch.ones((), dtype=torch.bool, device=x.device)
             stream = StreamWindow(state, positions, self.cfg.sliding_window)

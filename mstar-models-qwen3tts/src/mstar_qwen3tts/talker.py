@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from mstar.attention.compiled_layers import compile_with_attention
+from mstar.layers import RMSNorm, RotaryEmbedding, signed_sin
 from mstar.model.digest import tensor_digest
 from mstar.model.submodule_base import (
     ARNodeInputs,
@@ -31,7 +32,6 @@ from torch import nn
 
 from mstar_qwen3tts.code_predictor import CodePredictor
 from mstar_qwen3tts.config import Qwen3TTSConfig, TalkerConfig
-from mstar_qwen3tts.layers import RMSNorm, rope_cos_sin, signed_sin
 from mstar_qwen3tts.transformer import DecoderLayer
 
 PIECEWISE_LABEL = "code_predictor"
@@ -105,6 +105,8 @@ class Talker(ARNodeSubmodule):
         self.text_projection = TextProjection(cfg.text_hidden_size, cfg.hidden_size)
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg.predictor, cfg.hidden_size)
+        # Multimodal RoPE reduces to plain RoPE for speech: a position is the same on its three axes.
+        self.rope = RotaryEmbedding(cfg.head_dim, {"rope_theta": cfg.rope_theta})
         suppress = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         suppress[cfg.vocab_size - len(cfg.suppressed_ids):] = True
         suppress[cfg.codec_eos_token_id] = False
@@ -237,8 +239,8 @@ class Talker(ARNodeSubmodule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat tokens [T, H] at ``positions`` through the layers → (the rows' normed last
         hidden states [B, H], their codec logits with the non-codec ids suppressed)."""
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        cos, sin = cos[:, None, :], signed_sin(sin)[:, None, :]
+        cos, sin = self.rope(positions, x.dtype)
+        sin = signed_sin(sin)
         for i, layer in enumerate(self.model.layers):
             x = layer.forward_paged(x, cos, sin, attention, i)
         hidden = self.model.norm(x[last])

@@ -1,7 +1,7 @@
 """The Qwen3 decoder layer with QK-norm, used by the talker (paged KV cache through the
 engine's attention backend) and the code predictor (a short dense cache per frame).
 
-RoPE tables come in as (cos, ``signed_sin(sin)``) (``mstar_qwen3tts.layers.rotate``)."""
+RoPE tables come in as (cos, ``signed_sin(sin)``) (``mstar.layers.rope.rotate``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from mstar.layers import GatedMLP, RMSNorm, rotate
+from mstar.layers.norm import rms_norm
 from mstar.layers.packed_linear import linear
 from torch import nn
 
 from mstar_qwen3tts.config import TransformerConfig
-from mstar_qwen3tts.layers import GatedMLP, RMSNorm, rms_norm, rotate
 
 
 class QKNormAttention(nn.Module):
