@@ -28,6 +28,21 @@ from a browser (which cannot set headers on a WebSocket), the subprotocols
 ``["mstar.speech", "mstar.bearer." + base64url(KEY)]`` (the server answers with
 ``mstar.speech``); else it is refused (HTTP 403).
 
+vLLM-Omni's message names work too, chosen by the socket's first message (one socket speaks
+one dialect; the other's messages are then an error): ``{"type": "session.config", ...}`` (the
+settings above, plus ``stream_audio``: false, the default, sends each sentence's PCM as one
+binary frame, true as it is generated; ``response_format`` may only be ``pcm``; refused while
+text is buffered), ``{"type": "input.text", "text"}``, ``{"type": "input.done"}`` (a flush)
+and ``{"type": "session.close"}`` (the server closes the socket). The server answers per
+sentence ``{"type": "audio.start", "utterance_index", "sentence_index", "sentence_text",
+"format": "pcm", "sample_rate", "request_id", "seed"}``, binary frames, ``{"type":
+"audio.done", "utterance_index", "sentence_index", "total_bytes", "error"}``, and per
+``input.done`` ``{"type": "session.done", "utterance_index", "total_sentences"}``, where an
+utterance is the text between two ``input.done`` and ``sentence_index`` counts within it.
+Errors are ``{"type": "error", "message", "code", "param"}`` (plus ``utterance_index`` and
+``sentence_index`` for a sentence that failed, followed by its ``audio.done`` with
+``error: true``). Same sentence splitting, seeds and limits as above.
+
 Sentences generate at most ``LOOKAHEAD`` at a time (the next one starts while the current
 one streams), and are sent strictly in order; at most ``MAX_WAITING`` wait to be spoken
 (one cut beyond that fails alone with ``too_many_sentences``).
@@ -71,6 +86,7 @@ _NOT_SETTINGS = ("input", "response_format", "stream_format")
 # Close codes (RFC 6455): policy violation (bad key, endpoint not served), try again later.
 _POLICY, _TRY_LATER = 1008, 1013
 PROTOCOL, BEARER_PROTOCOL = "mstar.speech", "mstar.bearer."
+OPENAI_KEY_PROTOCOL = "openai-insecure-api-key."  # the browser form of OpenAI's Realtime API
 
 
 @dataclass
@@ -79,6 +95,8 @@ class _Segment:
     text: str
     request: SpeechRequest
     voice: SessionVoice | None = None
+    utterance: int = 0  # flushes before it (vLLM-Omni's utterance_index)
+    in_utterance: int = 0  # its place in the utterance (sentence_index)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     holds_slot: bool = False  # a generation slot, freed by the sender once it is sent
 
@@ -88,12 +106,22 @@ class _Flush:
     """Marks a flush in the send order: ``segments`` sentences came before it."""
 
     segments: int
+    utterance: int = 0
+    in_utterance: int = 0  # sentences of the utterance it ends
+
+
+OURS, VLLM = "mstar", "vllm-omni"
+_KINDS = {OURS: ("session", "text", "flush"), VLLM: ("session.config", "input.text", "input.done", "session.close")}
+
+
+class _Close(Exception):
+    """``session.close``: the client is done."""
 
 
 async def speech_stream(rt: ServerRuntime, ws: WebSocket, resolve: Callable[[str], ServerRuntime] | None = None, model: str | None = None) -> None:
     """``rt``: the model spoken unless ``model`` (the URL's ``?model=``) or the first session
     message names another; ``resolve`` finds a model by name on a server of several."""
-    if not _authorized(rt, ws):
+    if not authorized(rt, ws):
         await ws.close(_POLICY)  # before accept: the upgrade is refused with 403
         return
     if model is not None and resolve is not None:
@@ -115,7 +143,9 @@ async def speech_stream(rt: ServerRuntime, ws: WebSocket, resolve: Callable[[str
     await _Session(rt, ws, resolve).run()
 
 
-def _authorized(rt: ServerRuntime, ws: WebSocket) -> bool:
+def authorized(rt: ServerRuntime, ws: WebSocket) -> bool:
+    """The API key (when set) as ``Authorization: Bearer KEY``, or as a subprotocol:
+    ``mstar.bearer.`` + base64url(KEY), or OpenAI's ``openai-insecure-api-key.`` + KEY."""
     key = rt.config.api_key
     if not key:
         return True
@@ -123,6 +153,8 @@ def _authorized(rt: ServerRuntime, ws: WebSocket) -> bool:
     if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode()):
         return True
     for proto in ws.scope.get("subprotocols", ()):
+        if proto.startswith(OPENAI_KEY_PROTOCOL):
+            return hmac.compare_digest(proto.removeprefix(OPENAI_KEY_PROTOCOL).encode(), key.encode())
         if proto.startswith(BEARER_PROTOCOL):
             encoded = proto.removeprefix(BEARER_PROTOCOL)
             try:
@@ -146,6 +178,10 @@ class _Session:
         self.tasks: set[asyncio.Task] = set()  # sentences still generating
         self.sample_rate = rt.adapter.sample_rate or 16000
         self.voice: SessionVoice | None = None  # the settings' inline voice, made once
+        self.dialect: str | None = None  # chosen by the first message
+        self.stream_audio = False  # vLLM-Omni: binary frames as generated, or one per sentence
+        self.utterance = 0  # flushes so far
+        self.utterance_start = 0  # sentences before this utterance
 
     async def run(self) -> None:
         sender = asyncio.create_task(self._send_in_order())
@@ -161,6 +197,9 @@ class _Session:
                 except ApiError as exc:
                     await self._error(exc)
         except WebSocketDisconnect:
+            return
+        except _Close:
+            await self.ws.close(1000)
             return
         finally:
             # Closing (or losing) the socket aborts whatever still generates.
@@ -180,6 +219,18 @@ class _Session:
                 return await self._error(ApiError(400, exc.message, param=exc.param, code="invalid_value"))
             return await self._error(ApiError(400, f"the message is not valid JSON: {exc}", code="invalid_json"))
         kind = body.get("type") if isinstance(body, dict) else None
+        dialect = next((d for d, kinds in _KINDS.items() if kind in kinds), None)
+        if dialect is None:
+            expected = ", ".join(_KINDS[self.dialect or OURS]) if self.dialect else "session, text, flush (or vLLM-Omni's session.config, input.text, input.done)"
+            return await self._error(ApiError(400, f"unknown message type {kind!r}; expected {expected}", param="type", code="invalid_message"))
+        if self.dialect is None:
+            self.dialect = dialect
+        elif dialect != self.dialect:
+            return await self._error(ApiError(400, f"this socket speaks {self.dialect} messages ({', '.join(_KINDS[self.dialect])}), "
+                                              f"chosen by its first message; {kind!r} is the other dialect's", param="type", code="invalid_message"))
+        kind = {"session.config": "session", "input.text": "text", "input.done": "flush"}.get(kind, kind)
+        if kind == "session.close":
+            raise _Close
         if kind == "text":
             text = body.get("text")
             if not isinstance(text, str):
@@ -189,13 +240,29 @@ class _Session:
         elif kind == "flush":
             for sentence in self.splitter.flush():
                 await self._speak(sentence)
-            self.order.put_nowait(_Flush(self.count))
-        elif kind == "session":
-            await self._configure(body)
+            self.order.put_nowait(_Flush(self.count, self.utterance, self.count - self.utterance_start))
+            self.utterance, self.utterance_start = self.utterance + 1, self.count
+        elif self.dialect == VLLM:
+            await self._configure_vllm(body)
         else:
-            await self._error(ApiError(400, f"unknown message type {kind!r}; expected session, text or flush", param="type", code="invalid_message"))
+            await self._configure(body)
 
-    async def _configure(self, body: dict[str, Any]) -> None:
+    async def _configure_vllm(self, body: dict[str, Any]) -> None:
+        """vLLM-Omni's ``session.config``: ours, plus ``stream_audio``; PCM only."""
+        if self.splitter.pending:
+            return await self._error(ApiError(400, "session.config while text is buffered; send input.done first", code="invalid_message"))
+        fields = dict(body)
+        stream_audio = fields.pop("stream_audio", False)
+        if not isinstance(stream_audio, bool):
+            return await self._error(ApiError(400, "stream_audio must be a boolean", param="stream_audio"))
+        fmt = fields.pop("response_format", "pcm")
+        if fmt != "pcm":
+            return await self._error(ApiError(400, "response_format: this server streams pcm only", param="response_format"))
+        if await self._configure(fields):
+            self.stream_audio = stream_audio
+
+    async def _configure(self, body: dict[str, Any]) -> bool:
+        """Applies a session message; False (after an error event) when it is refused."""
         fields = {k: v for k, v in body.items() if k != "type"}
         bad = [k for k in _NOT_SETTINGS if k in fields]
         if bad:
@@ -225,6 +292,7 @@ class _Session:
         self.settings = settings
         self.voice = voice
         self.splitter.max_chars = max_chars
+        return True
 
     def _model(self, name: str) -> ServerRuntime:
         """The runtime of a session's ``model``: another of the server's models only before
@@ -249,7 +317,7 @@ class _Session:
         settings = self.settings
         if self.voice is not None:
             settings = {k: v for k, v in settings.items() if k not in self.voice.fields}
-        seg = _Segment(self.count, sentence, self._request(settings, sentence), self.voice)
+        seg = _Segment(self.count, sentence, self._request(settings, sentence), self.voice, self.utterance, self.count - self.utterance_start)
         self.count += 1
         if len(self.tasks) >= MAX_WAITING:
             err = ApiError(429, f"more than {MAX_WAITING} sentences are waiting to be spoken; send text as fast as it is spoken", code="too_many_sentences")
@@ -261,10 +329,15 @@ class _Session:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _error(self, exc: ApiError, segment: int | None = None) -> None:
-        event: dict[str, Any] = {"type": "error", **exc.body()}
-        if segment is not None:
-            event["segment"] = segment
+    async def _error(self, exc: ApiError, seg: _Segment | None = None) -> None:
+        if self.dialect == VLLM:  # vLLM-Omni's shape: the message at the top
+            event: dict[str, Any] = {"type": "error", "message": exc.message, "code": exc.code, "param": exc.param}
+            if seg is not None:
+                event.update(utterance_index=seg.utterance, sentence_index=seg.in_utterance)
+        else:
+            event = {"type": "error", **exc.body()}
+            if seg is not None:
+                event["segment"] = seg.index
         await _send_json(self.ws, event)
 
     # ---- generation (one task per sentence) ------------------------------------------------
@@ -307,27 +380,50 @@ class _Session:
         while True:
             item = await self.order.get()
             if isinstance(item, _Flush):
-                await _send_json(self.ws, {"type": "flushed", "segments": item.segments})
+                if self.dialect == VLLM:
+                    await _send_json(self.ws, {"type": "session.done", "utterance_index": item.utterance, "total_sentences": item.in_utterance})
+                else:
+                    await _send_json(self.ws, {"type": "flushed", "segments": item.segments})
                 continue
             try:
-                samples = 0
-                while True:
-                    event = await item.events.get()
-                    if isinstance(event, bytes):
-                        samples += len(event) // 2
-                        await self.ws.send_bytes(event)
-                    elif isinstance(event, ApiError):
-                        await self._error(event, item.index)
-                        await _send_json(self.ws, {"type": "end", "segment": item.index, "finish_reason": "error", "samples": samples})
-                        break
-                    elif event["type"] == "end":
-                        await _send_json(self.ws, {**event, "samples": samples})
-                        break
-                    else:
-                        await _send_json(self.ws, event)
+                await self._send_segment(item)
             finally:
                 if item.holds_slot:
                     self.slots.release()
+
+    async def _send_segment(self, seg: _Segment) -> None:
+        vllm = self.dialect == VLLM
+        where = {"utterance_index": seg.utterance, "sentence_index": seg.in_utterance}
+        held: list[bytes] = []  # vLLM-Omni without stream_audio: one frame per sentence
+        samples = 0
+        while True:
+            event = await seg.events.get()
+            if isinstance(event, bytes):
+                samples += len(event) // 2
+                if vllm and not self.stream_audio:
+                    held.append(event)
+                else:
+                    await self.ws.send_bytes(event)
+                continue
+            failed = isinstance(event, ApiError)
+            if failed:
+                await self._error(event, seg)
+            elif event["type"] == "start" and vllm:
+                await _send_json(self.ws, {"type": "audio.start", **where, "sentence_text": event["text"], "format": "pcm",
+                                           "sample_rate": event["sample_rate"], "request_id": event["request_id"], "seed": event["seed"]})
+                continue
+            elif event["type"] == "start":
+                await _send_json(self.ws, event)
+                continue
+            if held and not failed:
+                await self.ws.send_bytes(b"".join(held))
+            if vllm:
+                await _send_json(self.ws, {"type": "audio.done", **where, "total_bytes": samples * 2, "error": failed})
+            elif failed:
+                await _send_json(self.ws, {"type": "end", "segment": seg.index, "finish_reason": "error", "samples": samples})
+            else:
+                await _send_json(self.ws, {**event, "samples": samples})
+            return
 
 
 async def _send_json(ws: WebSocket, event: dict[str, Any]) -> None:

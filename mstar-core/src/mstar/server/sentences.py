@@ -42,6 +42,11 @@ class SentenceSplitter:
             self._buf = self._buf[end:]
         return [s for s in map(str.strip, out) if _speakable(s)]
 
+    @property
+    def pending(self) -> bool:
+        """Whether text waits for its sentence's end (flush would speak it)."""
+        return _speakable(self._buf.strip())
+
     def flush(self) -> list[str]:
         """The rest of the text as a last sentence (if it has anything to speak)."""
         rest, self._buf = self._buf.strip(), ""
