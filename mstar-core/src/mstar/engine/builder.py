@@ -24,6 +24,8 @@ from mstar.layers.packed_linear import pack_linears
 from mstar.model.precision import canonical_dtype, node_dtypes
 from mstar.model.spec import ModelConfig, ModelSpec, NodeSamplers
 from mstar.model.submodule_base import ARNodeSubmodule, NodeSubmodule
+from mstar.parallel.group import init_tensor_parallel
+from mstar.parallel.shard import local_kv_heads, shard_module
 from mstar.sampling import MultiSampler
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,13 @@ class EngineConfig:
     # With prefix_caching: host memory for stateless nodes' cached outputs (e.g. a media
     # encoder's, for an image a conversation re-sends); mstar.engine.output_cache.
     output_cache_bytes: int = 256 << 20
+    # Tensor parallelism (mstar.parallel): this engine is rank ``tensor_parallel_rank`` of
+    # ``tensor_parallel_size`` processes meeting at ``tensor_parallel_init``; its KV nodes'
+    # attention heads, MLP columns and LM head rows are split over them. Rank 0 takes the
+    # requests (``Engine.follow`` on the others).
+    tensor_parallel_size: int = 1
+    tensor_parallel_rank: int = 0
+    tensor_parallel_init: str = "tcp://127.0.0.1:29511"
 
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -123,6 +132,10 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
     device = torch.device(engine_config.device)
     if device.type == "cpu":
         warn_if_thread_dependent()
+    tp = None
+    if engine_config.tensor_parallel_size > 1:
+        tp = init_tensor_parallel(engine_config.tensor_parallel_rank, engine_config.tensor_parallel_size,
+                                  engine_config.tensor_parallel_init, device)
     placed = engine_config.nodes or tuple(graph.nodes)
     kv_nodes = [n for n in placed if graph.nodes[n].kind is EngineKind.KV_CACHE]
     dtypes = node_dtypes(engine_config.dtype, config, device, placed, spec.float32_nodes)
@@ -130,24 +143,39 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
     for name in placed:
         sub = build_node(name, factories[name], config, checkpoint_dir, device, dtypes[name], engine_config.dtype)
         sub.eval()
+        is_kv = graph.nodes[name].kind is EngineKind.KV_CACHE
+        if is_kv and not isinstance(sub, ARNodeSubmodule):
+            raise TypeError(f"KV-cache node {name!r} must be an ARNodeSubmodule, got {type(sub).__name__}")
+        layout = sub.kv_cache_layout() if is_kv else None  # the whole model's, asked before any split
+        if tp is not None and is_kv:  # encoders, codecs: whole on each rank
+            log.info("node %s: rank %d of %d holds %s", name, tp.rank, tp.size, shard_module(sub, tp))
         if device.type == "cpu" and engine_config.cpu_packed_linears:
             log.debug("node %s: %d linear layers packed for oneDNN", name, pack_linears(sub))
         if engine_config.compile_regions and (regions := sub.compile_regions()):
             log.info("node %s: %d region(s) set to compile with torch.compile", name, regions)
         node = LoadedNode(name, graph.nodes[name].kind, sub, device)
-        if node.kind is EngineKind.KV_CACHE:
-            if not isinstance(sub, ARNodeSubmodule):
-                raise TypeError(f"KV-cache node {name!r} must be an ARNodeSubmodule, got {type(sub).__name__}")
-            layout = sub.kv_cache_layout()
-            node.kv = KVCacheManager.from_memory_budget(
-                engine_config.kv_budget_bytes // len(kv_nodes),
-                num_layers=layout.num_layers,
-                num_kv_heads=layout.num_kv_heads,
-                head_dim=layout.head_dim,
-                block_size=engine_config.block_size,
-                dtype=layout.dtype or dtypes[name],
-                device=device,
-                prefix_caching=engine_config.prefix_caching,
+        if layout is not None:
+            dtype = layout.dtype or dtypes[name]
+            # With tensor parallelism the budget is each rank's (each device's): a rank holds
+            # its key/value heads of every block, so the ranks hold the same blocks, and N
+            # ranks hold N times the positions of one device when the heads split.
+            heads = layout.num_kv_heads if tp is None else local_kv_heads(layout.num_kv_heads, tp.size)
+            per_block = KVCacheManager.bytes_per_block(layout.num_layers, heads, layout.head_dim,
+                                                       engine_config.block_size, dtype)
+            if engine_config.kv_budget_bytes // len(kv_nodes) < per_block:
+                raise ValueError(
+                    f"KV cache budget of {engine_config.kv_budget_bytes // len(kv_nodes)} bytes for node {name!r} "
+                    f"fits no block: one block of {engine_config.block_size} tokens costs {per_block} bytes"
+                )
+            node.kv = KVCacheManager(
+                layout.num_layers,
+                heads,
+                layout.head_dim,
+                engine_config.block_size,
+                engine_config.kv_budget_bytes // len(kv_nodes) // per_block,
+                dtype,
+                device,
+                engine_config.prefix_caching,
             )
             node.attention = create_backend(node.kv, engine_config.attention_backend)
             node.cross_signal = _cross_signal(name, layout.cross_attention, graph)
@@ -168,6 +196,7 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
         nodes[name] = node
     threads = forward_threads(engine_config, device, len(nodes))
     core = EngineCore(graph, nodes, engine_config.scheduler(), mixed, forward_threads=threads)
+    core.tensor_parallel = tp
     return BuiltModel(spec, config, graph, node_samplers, core)
 
 

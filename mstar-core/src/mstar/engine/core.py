@@ -26,6 +26,7 @@ from mstar.graph import EngineKind, GraphSpec
 from mstar.graph.spec import iter_steps
 from mstar.model.spec import MixedBatchConfig
 from mstar.model.submodule_base import STOP_ALL, StopCheck
+from mstar.parallel.group import TensorParallelGroup
 
 log = logging.getLogger(__name__)
 _GO_ON = StopCheck()
@@ -57,6 +58,7 @@ class EngineCore:
         # torch threads of the threads this engine owns (the step loop pins itself with
         # pin_thread; the overlap worker at its start); None leaves them as they are.
         self.forward_threads = forward_threads
+        self.tensor_parallel: TensorParallelGroup | None = None  # set by the builder when N > 1
         for node in nodes.values():  # NodeSubmodule.slot_states: one row per admission slot
             node.slot_states = {
                 name: torch.zeros((self.config.max_num_seqs, *spec.shape), dtype=spec.dtype, device=node.device)

@@ -21,6 +21,7 @@ import torch
 
 from mstar.attention.cross import CROSS_STREAM
 from mstar.engine.builder import BuiltModel, EngineConfig, build_core
+from mstar.engine.lockstep import LockstepLeader, follow
 from mstar.engine.request import Request, RequestOutput
 from mstar.hub import checkpoint_dir
 from mstar.plugins.loading import load_model
@@ -99,6 +100,10 @@ class Engine:
         self._requests_added = 0  # for stats(): what this engine was given
         self._inbox: list[Any] = []  # commands waiting for the loop (see _submit)
         self._inbox_lock = threading.Lock()
+        # Tensor parallelism: rank 0 tells the other ranks' engines what it applies and when
+        # it steps (mstar.engine.lockstep); they run ``follow`` instead of taking requests.
+        tp = self.core.tensor_parallel
+        self._leader = LockstepLeader(tp) if tp is not None and tp.rank == 0 else None
 
     # ---- construction ---------------------------------------------------------------
     @classmethod
@@ -148,7 +153,7 @@ class Engine:
     ) -> RequestHandle:
         req, handle = self._new_request(inputs, sampling, kwargs, request_id, priority, _sink)
         self._requests_added += 1
-        self._submit(lambda: self.core.add_request(req))
+        self._submit(lambda: self._apply("add_request", req))
         self._ensure_thread()
         return handle
 
@@ -227,6 +232,27 @@ class Engine:
                 self._inbox.append(command)
         self._wake.set()
 
+    def _apply(self, command: str, *args: Any) -> None:
+        """Run a core command (add_request, abort, push_stream, close_stream); with tensor
+        parallelism, also recorded for the other ranks."""
+        if self._leader is not None:
+            self._leader.record(command, *args)
+        getattr(self.core, command)(*args)
+
+    def follow(self) -> int:
+        """Tensor-parallel ranks other than 0: step as rank 0 does until it closes (the
+        steps run). Blocks; this engine takes no requests of its own."""
+        tp = self.core.tensor_parallel
+        if tp is None or tp.rank == 0:
+            raise RuntimeError("follow() is for tensor-parallel ranks other than 0")
+        before = torch.get_num_threads()
+        if self.core.forward_threads is not None:
+            torch.set_num_threads(self.core.forward_threads)
+        try:
+            return follow(self.core, tp)
+        finally:
+            torch.set_num_threads(before)
+
     def _drain_inbox(self) -> None:
         with self._inbox_lock:
             commands, self._inbox = self._inbox, []
@@ -235,13 +261,13 @@ class Engine:
 
     def push_stream(self, request_id: str, signal: str, value: torch.Tensor) -> None:
         """Feed an item of a stream produced by another engine process."""
-        self._submit(lambda: self.core.push_stream(request_id, signal, value))
+        self._submit(lambda: self._apply("push_stream", request_id, signal, value))
 
     def close_stream(self, request_id: str, signal: str) -> None:
-        self._submit(lambda: self.core.close_stream(request_id, signal))
+        self._submit(lambda: self._apply("close_stream", request_id, signal))
 
     def abort(self, request_id: str) -> None:
-        self._submit(lambda: self.core.abort(request_id))
+        self._submit(lambda: self._apply("abort", request_id))
 
     def generate(self, inputs: Mapping[str, torch.Tensor], sampling: Mapping[str, Any] | None = None, **kw: Any) -> Iterator[RequestOutput]:
         handle = self.add_request(inputs, sampling, **kw)
@@ -278,7 +304,7 @@ class Engine:
 
         def add_all() -> None:  # one command: the engine sees them together, every run
             for req, _ in made:
-                self.core.add_request(req)
+                self._apply("add_request", req)
 
         self._submit(add_all)
         if self._thread is None or not self._thread.is_alive():
@@ -322,6 +348,8 @@ class Engine:
         with self._lock:
             self._drain_inbox()
             busy = self.core.has_work()
+            if self._leader is not None:
+                self._leader.before_step(busy)
             try:
                 outputs = self.core.step() if busy else []
             except Exception as exc:  # an engine bug: fail everything in flight, loudly
@@ -339,7 +367,7 @@ class Engine:
                         q.put(out)
                     except Exception:  # a consumer that went away must not stop the loop
                         log.debug("dropping output for %s", out.request_id, exc_info=True)
-                        self.core.abort(out.request_id)
+                        self._apply("abort", out.request_id)
                 if out.finished:
                     self._queues.pop(out.request_id, None)
             if outputs:
@@ -375,6 +403,9 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._leader is not None:
+            self._leader.stop()
+            self._leader = None
 
     def __enter__(self) -> Engine:
         return self

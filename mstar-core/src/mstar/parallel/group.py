@@ -1,0 +1,51 @@
+"""A tensor-parallel group: this process's rank among ``size`` processes, and the two
+collectives the sharded layers need. gloo on CPU, NCCL on CUDA (through ``torch.distributed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class TensorParallelGroup:
+    rank: int
+    size: int
+    group: Any = None  # the torch.distributed process group (None: the default group)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum over the ranks, in place (every rank gets the same values)."""
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """The ranks' tensors side by side along ``dim``, in rank order."""
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=dim)
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        """Rank 0's ``obj`` on every rank (pickled)."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+
+def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.device | str = "cpu") -> TensorParallelGroup:
+    """Join (or reuse) the default process group of ``size`` ranks at ``init_method`` (e.g.
+    ``tcp://127.0.0.1:29500``) and return it as the tensor-parallel group."""
+    if not 0 <= rank < size:
+        raise ValueError(f"tensor-parallel rank {rank} is outside 0..{size - 1}")
+    if not dist.is_initialized():
+        backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)
+    elif dist.get_world_size() != size or dist.get_rank() != rank:
+        raise ValueError(
+            f"a process group of {dist.get_world_size()} ranks (this one {dist.get_rank()}) exists; "
+            f"tensor parallelism asked for rank {rank} of {size}"
+        )
+    return TensorParallelGroup(rank, size)

@@ -1,0 +1,135 @@
+"""Split a loaded node's shared layers over a tensor-parallel group, in place.
+
+Plugins build their nodes as for one device; after loading, the engine calls
+``shard_module``, which rewrites the modules it knows (``mstar.layers``' attention and gated
+MLP, a top-level ``lm_head``) into their rank's part:
+
+- attention: each rank keeps ``num_heads / N`` query heads and the key/value heads they read
+  (``num_kv_heads / N``; with fewer key/value heads than ranks, the one its query heads share,
+  so it is held by several ranks); ``o_proj`` becomes row-parallel (a sum over ranks);
+- gated MLP: ``intermediate / N`` columns of gate and up, ``down_proj`` row-parallel;
+- ``lm_head``: ``vocab / N`` rows, the logits gathered so every rank has all of them (each
+  rank's sampler then draws the same tokens from the same seeds).
+
+Embeddings, norms and every other module stay whole on every rank. The full checkpoint is
+read on each rank and sliced here (transiently one node's full weights per rank).
+Numerics: a row-parallel layer sums N partial products, a different order than one device,
+so outputs differ from N = 1 by float rounding (about 1e-6 relative in float32).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mstar.layers.attention import PagedSelfAttention
+from mstar.layers.mlp import GatedMLP
+from mstar.parallel.group import TensorParallelGroup
+
+
+class RowParallelLinear(nn.Module):
+    """This rank's input columns of a linear; the partial products summed over the ranks,
+    the bias added once after the sum."""
+
+    def __init__(self, full: nn.Linear, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(_part(full.weight.data, 1, tp), requires_grad=False)
+        self.bias = None if full.bias is None else nn.Parameter(full.bias.data.clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.tp.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
+
+
+class GatheredColumnLinear(nn.Module):
+    """This rank's output rows of a linear; the outputs gathered along the last dim."""
+
+    def __init__(self, full: nn.Linear, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(_part(full.weight.data, 0, tp), requires_grad=False)
+        self.bias = None if full.bias is None else nn.Parameter(_part(full.bias.data, 0, tp), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_gather(F.linear(x, self.weight, self.bias), dim=-1)
+
+
+def _part(t: torch.Tensor, dim: int, tp: TensorParallelGroup) -> torch.Tensor:
+    n = t.shape[dim]
+    if n % tp.size:
+        raise ValueError(f"cannot split {n} along dim {dim} over {tp.size} tensor-parallel ranks")
+    return t.narrow(dim, tp.rank * (n // tp.size), n // tp.size).clone()
+
+
+def _rows(full: nn.Linear, spans: list[tuple[int, int]]) -> nn.Linear:
+    """A linear keeping the given row spans of ``full``'s output, in order."""
+    weight = torch.cat([full.weight.data[a:b] for a, b in spans])
+    out = nn.Linear(full.in_features, weight.shape[0], bias=full.bias is not None, device=weight.device, dtype=weight.dtype)
+    out.weight.data.copy_(weight)
+    if full.bias is not None:
+        out.bias.data.copy_(torch.cat([full.bias.data[a:b] for a, b in spans]))
+    return out.requires_grad_(False)
+
+
+def local_kv_heads(num_kv_heads: int, size: int) -> int:
+    """Key/value heads a rank holds: ``num_kv_heads / size``, or 1 (replicated) when there
+    are fewer than ranks."""
+    if num_kv_heads >= size:
+        if num_kv_heads % size:
+            raise ValueError(f"{num_kv_heads} key/value heads do not split over {size} tensor-parallel ranks")
+        return num_kv_heads // size
+    if size % num_kv_heads:
+        raise ValueError(f"{size} tensor-parallel ranks do not share {num_kv_heads} key/value heads evenly")
+    return 1
+
+
+def _shard_attention(attn: PagedSelfAttention, tp: TensorParallelGroup) -> None:
+    hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    if hq % tp.size:
+        raise ValueError(f"{hq} attention heads do not split over {tp.size} tensor-parallel ranks")
+    q_local, kv_local = hq // tp.size, local_kv_heads(hkv, tp.size)
+    q0 = tp.rank * q_local
+    kv0 = q0 // (hq // hkv)  # the first key/value head this rank's query heads read
+    q_span, kv_span = (q0 * d, (q0 + q_local) * d), (kv0 * d, (kv0 + kv_local) * d)
+    if "qkv_proj" in attn._modules:
+        k_off, v_off = hq * d, (hq + hkv) * d
+        attn.qkv_proj = _rows(attn.qkv_proj, [q_span, (k_off + kv_span[0], k_off + kv_span[1]),
+                                              (v_off + kv_span[0], v_off + kv_span[1])])
+    else:
+        attn.q_proj, attn.k_proj, attn.v_proj = _rows(attn.q_proj, [q_span]), _rows(attn.k_proj, [kv_span]), _rows(attn.v_proj, [kv_span])
+    attn.o_proj = RowParallelLinear(attn.o_proj, tp)
+    attn.num_heads, attn.num_kv_heads = q_local, kv_local
+    attn.sizes = [q_local * d, kv_local * d, kv_local * d]
+
+
+def _shard_mlp(mlp: GatedMLP, tp: TensorParallelGroup) -> None:
+    if "gate_up_proj" in mlp._modules:
+        inter = mlp.gate_up_proj.out_features // 2
+        part = inter // tp.size
+        a = tp.rank * part
+        mlp.gate_up_proj = _rows(mlp.gate_up_proj, [(a, a + part), (inter + a, inter + a + part)])
+    else:
+        part = mlp.gate_proj.out_features // tp.size
+        span = [(tp.rank * part, (tp.rank + 1) * part)]
+        mlp.gate_proj, mlp.up_proj = _rows(mlp.gate_proj, span), _rows(mlp.up_proj, span)
+    mlp.down_proj = RowParallelLinear(mlp.down_proj, tp)
+
+
+def shard_module(module: nn.Module, tp: TensorParallelGroup) -> dict[str, int]:
+    """Rewrite ``module``'s attention, gated MLPs and ``lm_head`` into this rank's part;
+    how many of each. A module with none of them stays whole (replicated)."""
+    counts = {"attention": 0, "mlp": 0, "lm_head": 0}
+    for sub in list(module.modules()):
+        if isinstance(sub, PagedSelfAttention):
+            _shard_attention(sub, tp)
+            counts["attention"] += 1
+        elif isinstance(sub, GatedMLP):
+            _shard_mlp(sub, tp)
+            counts["mlp"] += 1
+    head = getattr(module, "lm_head", None)
+    if isinstance(head, nn.Linear):
+        module.lm_head = GatheredColumnLinear(head, tp)  # a tied head gets its own rows
+        counts["lm_head"] = 1
+    return counts
