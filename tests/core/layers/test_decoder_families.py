@@ -160,3 +160,13 @@ def test_fused_partial_rotary_model_on_the_paged_cache() -> None:
             start += n
         want = hf(input_ids=ids[None]).logits[0]
     torch.testing.assert_close(torch.cat(got), want, atol=1e-5, rtol=1e-5)
+
+
+def test_tied_head_stays_tied_through_a_meta_device_build() -> None:
+    hf = _hf("LlamaForCausalLM", tie_word_embeddings=True)
+    with torch.device("meta"):
+        lm = DecoderLM(hf.config.to_dict())
+    lm = lm.to_empty(device="cpu").eval()
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight
+    load_weights(lm, StateDictSource({k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}, "hf"))
+    _assert_same_logits(hf, lm)

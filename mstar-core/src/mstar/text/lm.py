@@ -240,8 +240,16 @@ class DecoderLM(CausalLMNode):
         super().__init__(config)
         self.model = DecoderModel(config, **layer_options)
         self.lm_head = nn.Linear(config["hidden_size"], self.vocab_size, bias=False)
-        if config.get("tie_word_embeddings", False):
+        self.tied = bool(config.get("tie_word_embeddings", False))
+        if self.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def _apply(self, fn: Any, recurse: bool = True) -> DecoderLM:
+        # ``to_empty`` (a meta-device build) makes one new tensor per name: tie them again.
+        super()._apply(fn, recurse)
+        if self.tied:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        return self
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
         return self.model(input_ids, positions, attention)
