@@ -33,6 +33,7 @@ from mstar.server.routes_chat import chat_completions
 from mstar.server.routes_completions import completions
 from mstar.server.routes_generate import generate, upload_request
 from mstar.server.routes_plugin import adapter_routes, install_adapter_routes
+from mstar.server.routes_realtime import realtime
 from mstar.server.routes_speech import speech
 from mstar.server.routes_transcriptions import read_form, transcriptions
 from mstar.server.routes_voices import install_voice_routes, voices
@@ -119,6 +120,11 @@ def _routes(app: FastAPI, ms: ModelSet) -> None:
         # ``?model=`` picks the model; else the first that speaks, or the first session
         # message's ``model``.
         await speech_stream(ms.first_serving(SPEECH), websocket, ms.get, model)
+
+    @app.websocket("/v1/realtime")
+    async def realtime_session(websocket: WebSocket, model: str | None = None) -> None:
+        # OpenAI's Realtime API; ``?model=`` picks the model (default: the first that hears).
+        await realtime(ms.runtimes, websocket, ms.get, model)
 
     @app.get("/v1/audio/voices", responses={404: {"description": "Unknown model"}})
     async def audio_voices(model: str | None = None) -> dict[str, Any]:
