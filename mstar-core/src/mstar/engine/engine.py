@@ -348,9 +348,9 @@ class Engine:
         with self._lock:
             self._drain_inbox()
             busy = self.core.has_work()
-            if self._leader is not None:
-                self._leader.before_step(busy)
             try:
+                if self._leader is not None:  # a dead follower fails this: the engine's failure
+                    self._leader.before_step(busy)
                 outputs = self.core.step() if busy else []
             except Exception as exc:  # an engine bug: fail everything in flight, loudly
                 log.exception("engine step failed")
@@ -404,7 +404,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._leader is not None:
-            self._leader.stop()
+            if not self.fatal_error:  # after a failed collective the other ranks may be gone
+                self._leader.stop()
             self._leader = None
 
     def __enter__(self) -> Engine:

@@ -22,6 +22,7 @@ from mstar.model.submodule_base import (
     NodeSubmodule,
     StopCheck,
 )
+from mstar.parallel.group import GroupFailure
 
 if TYPE_CHECKING:
     from mstar.engine.piecewise import PiecewiseRunner
@@ -112,6 +113,8 @@ class NodeExecutor:
         snap = self._sampler_snapshot(rows)
         try:
             return self._run_checked(walk, rows)
+        except GroupFailure:  # the engine's tensor-parallel group broke: no row can run
+            raise
         except Exception as exc:
             if len(rows) == 1:
                 return {rows[0].req.id: exc}
@@ -121,6 +124,8 @@ class NodeExecutor:
         for row in rows:
             try:
                 results.update(self._run_checked(walk, [row]))
+            except GroupFailure:
+                raise
             except Exception as exc:
                 results[row.req.id] = exc
         return results

@@ -56,6 +56,7 @@ class EngineProcessSpec(msgspec.Struct):
     torch_threads: int | None = None  # intra-op threads of this engine (None: torch's default)
     secret: bytes = b""  # the server's per-run secret in front of every message (ipc_auth)
     max_message_bytes: int = 0  # the largest frame the command socket accepts (0: no cap)
+    tensor_parallel: int = 1  # ranks of this engine (mstar.server.tensor_parallel_ranks); this process is rank 0
 
 
 def run_engine_process(spec_bytes: bytes) -> None:
@@ -107,6 +108,7 @@ class EngineWorker:
         self.engine: Any = None
         self.reporter: StatsReporter | None = None
         self._warm_frozen = False
+        self.followers: list[Any] = []  # tensor-parallel ranks 1..N-1 (their processes)
 
     def _freeze_after_warm_up(self) -> None:
         """Once the first request (the server's warm-up) has left and nothing runs: freeze
@@ -126,6 +128,7 @@ class EngineWorker:
         except BaseException as exc:
             log.exception("engine %s failed to start", self.spec.name)
             self.sender.put(Fatal(self.spec.name, f"{type(exc).__name__}: {exc}"))
+            self._stop_followers()
             self._finish(sender_thread)
             return 1
         freeze_startup_objects(f"engine {self.spec.name}")
@@ -143,6 +146,7 @@ class EngineWorker:
             log.debug("stopping")
             self.reporter.stop()
             self.engine.close()
+            self._stop_followers()
             commands.close(linger=0)
             self._finish(sender_thread)
             log.debug("stopped")
@@ -159,25 +163,18 @@ class EngineWorker:
         return sock
 
     def _build(self) -> Any:
-        from pathlib import Path
+        from mstar.server.tensor_parallel_ranks import build_engine, free_port, start_followers
 
-        from mstar.engine.builder import EngineConfig, build_core
-        from mstar.engine.engine import Engine
-        from mstar.plugins.loading import load_model
-
-        if self.spec.torch_threads:
-            import torch
-
-            torch.set_num_threads(self.spec.torch_threads)
-        loaded = load_model(self.spec.model)
-        options = {**loaded.spec.engine_defaults, **self.spec.engine_options}  # the server's options win
-        config = EngineConfig(device=self.spec.device, nodes=tuple(self.spec.nodes), **options)
-        ckpt = Path(self.spec.checkpoint_dir)
         t0 = time.perf_counter()
-        engine = Engine(build_core(loaded, ckpt, config), loaded, ckpt)
+        init = ""
+        if self.spec.tensor_parallel > 1:
+            init = f"tcp://127.0.0.1:{free_port()}"
+            self.followers = start_followers(self.spec, init)
+        engine = build_engine(self.spec, 0, init)
         dtypes = {name: sorted({str(p.dtype).removeprefix("torch.") for p in node.submodule.parameters()})
                   for name, node in engine.core.nodes.items()}
-        log.info("built nodes %s on %s in %.1fs", dtypes, self.spec.device, time.perf_counter() - t0)
+        ranks = f" (rank 0 of {self.spec.tensor_parallel})" if self.spec.tensor_parallel > 1 else ""
+        log.info("built nodes %s on %s%s in %.1fs", dtypes, self.spec.device, ranks, time.perf_counter() - t0)
         return engine
 
     def _command_loop(self, commands: Any) -> int:
@@ -261,6 +258,14 @@ class EngineWorker:
             self.sender.run(SignedSocket(sock, self.spec.secret))
         finally:
             sock.close(linger=2000)
+
+    def _stop_followers(self) -> None:
+        """Tensor-parallel ranks: after a normal close they have left their loop; after a
+        failure (a rank died, a collective failed) the rest are killed."""
+        from mstar.server.tensor_parallel_ranks import stop_followers
+
+        timeout = 1.0 if self.engine is None or self.engine.fatal_error else 10.0
+        stop_followers(self.followers, timeout)
 
     def _finish(self, sender_thread: threading.Thread) -> None:
         self.sender.stop()

@@ -39,6 +39,9 @@ class DeviceGroup:
     # Ray backend: the resource request of each engine of the group, and a node's IP.
     resources: tuple[tuple[str, float], ...] = ()
     node: str | None = None
+    # Ranks of its engine (mstar.parallel): one process each, rank r on the device r after
+    # ``device`` (CUDA) or on the CPU; the group's KV nodes split over them.
+    tensor_parallel: int = 1
 
     def replica_devices(self) -> tuple[str, ...]:
         return self.devices or (self.device,) * self.replicas
@@ -60,6 +63,7 @@ class EngineSlot:
     replica: int
     device: str
     nodes: tuple[str, ...]
+    tensor_parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class Placement:
     def engine_slots(self) -> tuple[EngineSlot, ...]:
         """Every engine process, group by group, replicas in order."""
         return tuple(
-            EngineSlot(name, g.name, i, device, g.nodes)
+            EngineSlot(name, g.name, i, device, g.nodes, g.tensor_parallel)
             for g in self.groups
             for i, (name, device) in enumerate(zip(g.engine_names(), g.replica_devices(), strict=True))
         )
@@ -120,7 +124,7 @@ def placement_from_mapping(node_to_group: dict[str, str], device: str) -> Placem
     return Placement(tuple(DeviceGroup(g, default_device_for(g, device), tuple(n)) for g, n in groups.items()))
 
 
-_GROUP_KEYS = ("device", "devices", "nodes", "replicas")
+_GROUP_KEYS = ("device", "devices", "nodes", "replicas", "tensor_parallel")
 
 
 def _replicas(name: str, body: dict[str, Any], source: str) -> tuple[str, int, tuple[str, ...]]:
@@ -160,7 +164,12 @@ def _parse_groups(data: Any, source: str) -> Placement:
         if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
             raise PlacementError(f"{source}: group {name!r} needs 'nodes': a non-empty list of node names")
         device, replicas, devices = _replicas(str(name), body, source)
-        groups.append(DeviceGroup(str(name), device, tuple(nodes), replicas, devices))
+        tp = body.get("tensor_parallel", 1)
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise PlacementError(f"{source}: group {name!r}: 'tensor_parallel' must be an integer >= 1, got {tp!r}")
+        if tp > 1 and replicas > 1:
+            raise PlacementError(f"{source}: group {name!r}: 'tensor_parallel' with 'replicas' is not supported yet; give one")
+        groups.append(DeviceGroup(str(name), device, tuple(nodes), replicas, devices, tensor_parallel=tp))
     placement = Placement(tuple(groups))
     names = [slot.name for slot in placement.engine_slots()]
     clash = sorted({n for n in names if names.count(n) > 1})

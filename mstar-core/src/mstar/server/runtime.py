@@ -218,6 +218,7 @@ class ServerRuntime:
             torch_threads=self.config.engine_threads,
             secret=self.ipc_secret,
             max_message_bytes=self.max_message_bytes,
+            tensor_parallel=slot.tensor_parallel,
         )
         return self.backend.handle(spec, self.placement, self.zctx)
 
