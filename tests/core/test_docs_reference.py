@@ -166,8 +166,8 @@ def test_attention_backend_calls_are_documented(reference: str) -> None:
     text = section(reference, "Attention backends")
     names = ticked(text)
     assert {"plan", "run"} <= _public_methods(AttentionBackend) <= names
-    assert list(inspect.signature(AttentionBackend.run).parameters) == ["self", "layer", "q", "k", "v", "scale"]
-    assert "run(layer, q, k, v, scale=None)" in text
+    assert list(inspect.signature(AttentionBackend.run).parameters) == ["self", "layer", "q", "k", "v", "scale", "window"]
+    assert "run(layer, q, k, v, scale=None, window=None)" in text
     assert set(BACKEND_NAMES) <= names
 
 

@@ -27,12 +27,16 @@ LENGTH = 14
 class DenseCausalAttention:
     """One sequence, no cache: the backend call the layers make, computed densely."""
 
-    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+            window: int | None = None) -> torch.Tensor:
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q, k) * (scale or 1 / math.sqrt(q.shape[-1]))
         t = q.shape[0]
-        scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+        allowed = torch.ones(t, t, dtype=torch.bool).tril()
+        if window is not None:
+            allowed &= ~torch.ones(t, t, dtype=torch.bool).tril(-window)
+        scores = scores.masked_fill(~allowed, float("-inf"))
         return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
@@ -110,15 +114,30 @@ def test_qwen3_qk_norm() -> None:
     _assert_same_logits(hf, _ours(hf, qk_norm=True))
 
 
-def test_mistral_sliding_window_served_up_to_the_window() -> None:
-    window = 10
-    hf = _hf("MistralForCausalLM", sliding_window=window, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-    lm = _ours(hf)
-    assert lm.max_model_len() == window
-    _assert_same_logits(hf, lm, length=window)
-    # Past the window transformers' mask differs from whole-row attention: why the cap.
-    with pytest.raises(AssertionError):
-        _assert_same_logits(hf, lm, length=window + 4)
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_sliding_windows_past_the_window_on_the_paged_cache(family: str) -> None:
+    """20 positions through the real torch backend with a window of 6: a 9-token prefill
+    (queries past the window) and decode steps (the decode buffer's path); Qwen2 with
+    max_window_layers 1 (layer 0 full, layer 1 windowed). Logits equal transformers' at
+    every position, and the node serves its whole max_position_embeddings."""
+    rope = {"rope_type": "default", "rope_theta": 1e6}
+    if family == "mistral":
+        hf = _hf("MistralForCausalLM", sliding_window=6, rope_parameters=rope)
+        lm = _ours(hf)
+    else:
+        hf = _hf("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=6, max_window_layers=1, rope_parameters=rope)
+        lm = _ours(hf, qkv_bias=True, o_bias=False)
+        assert [layer.self_attn.window for layer in lm.model.layers] == [None, 6]
+    assert lm.max_model_len() == TINY["max_position_embeddings"]
+    ids = torch.randint(3, TINY["vocab_size"], (20,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(input_ids=ids[None]).logits[0]
+    torch.testing.assert_close(_paged_logits(lm, ids, first=9), want, atol=1e-5, rtol=1e-5)
+    _assert_same_logits(hf, lm, length=20)  # the dense reference applies the same windows
+    # Layers built without their index attend whole rows: the node is capped at the window.
+    for layer in lm.model.layers:
+        layer.self_attn.window = None
+    assert lm.max_model_len() == 6
 
 
 def test_sliding_window_of_reads_each_family() -> None:
@@ -140,26 +159,31 @@ def test_fused_partial_rotary_model_on_the_paged_cache() -> None:
     """Phi-3 layout through the real torch backend: a prefill of 9 tokens, then decode steps
     one token at a time (the decode buffer's path), logits equal to transformers' at every
     position of the whole sequence."""
-    from mstar.attention import AttentionBatch, AttentionRow, TorchAttentionBackend
-    from mstar.kv import KVCacheManager
-
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.0, 2.0, 4.0, 8.0]}
     hf = _hf("Phi3ForCausalLM", partial_rotary_factor=0.5, original_max_position_embeddings=16, rope_parameters=rope)
     lm = _ours(hf, fused_qkv=True, fused_gate_up=True)
+    ids = torch.randint(3, TINY["vocab_size"], (LENGTH,), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_paged_logits(lm, ids, first=9), hf(input_ids=ids[None]).logits[0], atol=1e-5, rtol=1e-5)
+
+
+def _paged_logits(lm: DecoderLM, ids: torch.Tensor, first: int) -> torch.Tensor:
+    """Logits at every position of one row through the torch backend on a paged cache: a
+    prefill of ``first`` tokens, then one token a step (the decode buffer's path)."""
+    from mstar.attention import AttentionBatch, AttentionRow, TorchAttentionBackend
+    from mstar.kv import KVCacheManager
+
     layout = lm.kv_cache_layout()
     kv = KVCacheManager(layout.num_layers, layout.num_kv_heads, layout.head_dim, block_size=4, num_blocks=16)
     backend = TorchAttentionBackend(kv, decode_buffer=True)
-    ids = torch.randint(3, TINY["vocab_size"], (LENGTH,), generator=torch.Generator().manual_seed(1))
     got, start = [], 0
     with torch.no_grad():
-        for n in (9, *[1] * (LENGTH - 9)):
+        for n in (first, *[1] * (ids.numel() - first)):
             assert kv.append("r", "main", n)
             batch = AttentionBatch.build([AttentionRow("r", "main", n)], kv, "cpu")
             backend.plan(batch)
             got.append(lm.logits(lm.hidden_states(ids[start : start + n], batch.positions, backend)))
             start += n
-        want = hf(input_ids=ids[None]).logits[0]
-    torch.testing.assert_close(torch.cat(got), want, atol=1e-5, rtol=1e-5)
+    return torch.cat(got)
 
 
 def test_tied_head_stays_tied_through_a_meta_device_build() -> None:

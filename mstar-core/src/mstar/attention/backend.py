@@ -36,11 +36,15 @@ class AttentionBackend(ABC):
         k: torch.Tensor,
         v: torch.Tensor,
         scale: float | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Write ``k``/``v`` [T, Hkv, D] into the layer's cache at the planned slots, then
         attend ``q`` [T, Hq, D] over each row's whole cached K/V. Returns [T, Hq, D].
 
         ``scale`` defaults to ``1/sqrt(D)``; ``Hq`` must be a multiple of ``Hkv`` (GQA).
+        ``window``: a sliding-window layer's queries see only the ``window`` keys ending at
+        themselves (transformers' ``sliding_window``); None: all of the row's keys. The cache
+        still holds every position.
         """
 
     def plan_cross(self, batch: CrossAttentionBatch) -> None:

@@ -159,17 +159,19 @@ class FlashInferAttentionBackend(AttentionBackend):
         k: torch.Tensor,
         v: torch.Tensor,
         scale: float | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         if self._inputs is None or self._slot_mapping is None:
             raise RuntimeError("FlashInferAttentionBackend.run called before plan()")
         self.kv.write(layer, self._slot_mapping, k, v)
-        key = (q.shape[1], scale, q.dtype)
+        # Layers of another window re-plan (window_left: the keys left of the query it sees).
+        key = (q.shape[1], scale, q.dtype, -1 if window is None else window - 1)
         if self._planned_for != key:
             self._plan_kernel(*key)
             self._planned_for = key
         return self._wrapper.run(q, (self.kv.k_cache(layer), self.kv.v_cache(layer)))
 
-    def _plan_kernel(self, num_q_heads: int, scale: float | None, q_dtype: torch.dtype) -> None:
+    def _plan_kernel(self, num_q_heads: int, scale: float | None, q_dtype: torch.dtype, window_left: int = -1) -> None:
         inputs = self._inputs
         assert inputs is not None
         self._wrapper.plan(
@@ -186,4 +188,5 @@ class FlashInferAttentionBackend(AttentionBackend):
             sm_scale=scale,
             q_data_type=q_dtype,
             kv_data_type=self.kv.dtype,
+            window_left=window_left,
         )

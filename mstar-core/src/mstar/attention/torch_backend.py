@@ -41,6 +41,10 @@ class _TorchPlan:
     # ``mask`` as SDPA's additive form (0 / -inf) per query dtype, made once for all layers:
     # SDPA would convert a bool mask this same way on every call.
     additive_masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    # [B, Qmax] absolute position of each padded query (sliding windows need it).
+    query_pos: torch.Tensor | None = None
+    # Per (window, dtype): ``mask`` narrowed to each query's window, for windowed layers.
+    window_masks: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict)
 
     def additive_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
         if self.mask is None:
@@ -49,6 +53,21 @@ class _TorchPlan:
         if mask is None:
             mask = torch.where(self.mask, 0.0, float("-inf")).to(dtype)
             self.additive_masks[dtype] = mask
+        return mask
+
+    def window_mask(self, window: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The additive mask of a layer whose queries see only the ``window`` keys ending at
+        themselves (transformers' ``sliding_window``); the plain mask when no query of the
+        step reaches that far back."""
+        if self.num_keys <= window:
+            return self.additive_mask(dtype)
+        mask = self.window_masks.get((window, dtype))
+        if mask is None:
+            assert self.query_pos is not None
+            key_pos = torch.arange(self.num_keys, device=self.query_pos.device)
+            inside = (key_pos[None, None, :] > self.query_pos[:, :, None] - window)[:, None]  # [B, 1, Qmax, K]
+            allowed = inside if self.mask is None else inside & self.mask
+            mask = self.window_masks[(window, dtype)] = torch.where(allowed, 0.0, float("-inf")).to(dtype)
         return mask
 
 
@@ -107,7 +126,15 @@ def _build_plan(batch: AttentionBatch, device: torch.device, kv_lens_list: list[
         query_gather=query_gather,
         query_unpad=query_unpad,
         mask=None if mask is None else mask.unsqueeze(1),
+        query_pos=_query_positions(batch, device, max_q),
     )
+
+
+def _query_positions(batch: AttentionBatch, device: torch.device, max_q: int) -> torch.Tensor:
+    """[B, Qmax]: row b's new tokens sit at ``kv_len - q_len ..``; padding queries continue."""
+    kv_lens = batch.kv_lens.to(device=device, dtype=torch.int64)
+    qo = batch.qo_indptr.to(device=device, dtype=torch.int64)
+    return (kv_lens - (qo[1:] - qo[:-1]))[:, None] + torch.arange(max_q, device=device)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -166,6 +193,7 @@ class TorchAttentionBackend(AttentionBackend):
         k: torch.Tensor,
         v: torch.Tensor,
         scale: float | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         plan = self._plan
         if plan is None:
@@ -198,7 +226,7 @@ class TorchAttentionBackend(AttentionBackend):
             queries,
             keys_t,
             values_t,
-            attn_mask=plan.additive_mask(q.dtype),
+            attn_mask=plan.additive_mask(q.dtype) if window is None else plan.window_mask(window, q.dtype),
             scale=scale,
             enable_gqa=num_q_heads != hkv,
         )

@@ -65,8 +65,10 @@ class PagedSelfAttention(nn.Module):
         *,
         o_bias: bool | None = None,
         fused_qkv: bool = False,
+        window: int | None = None,
     ) -> None:
         super().__init__()
+        self.window = window  # a sliding-window layer's keys per query (None: all)
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -90,9 +92,11 @@ class PagedSelfAttention(nn.Module):
         qkv_bias: bool | None = None,
         o_bias: bool | None = None,
         fused_qkv: bool = False,
+        layer: int | None = None,
     ) -> PagedSelfAttention:
         """From HF config keys: sizes, ``attention_bias`` (q/k/v and o unless
-        ``qkv_bias``/``o_bias`` say otherwise), ``rms_norm_eps`` for the q/k norms."""
+        ``qkv_bias``/``o_bias`` say otherwise), ``rms_norm_eps`` for the q/k norms; with the
+        decoder ``layer`` index, its sliding window (``sliding_window_of``)."""
         bias = bool(config.get("attention_bias", False))
         return cls(
             config["hidden_size"],
@@ -103,6 +107,7 @@ class PagedSelfAttention(nn.Module):
             qk_norm_eps=config["rms_norm_eps"] if qk_norm else None,
             o_bias=bias if o_bias is None else o_bias,
             fused_qkv=fused_qkv,
+            window=None if layer is None else sliding_window_of(config, layer),
         )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Any, layer: int) -> torch.Tensor:
@@ -120,4 +125,5 @@ class PagedSelfAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.o_proj(attention.run(layer, q, k, v).reshape(t, -1))
+        out = attention.run(layer, q, k, v) if self.window is None else attention.run(layer, q, k, v, window=self.window)
+        return self.o_proj(out.reshape(t, -1))

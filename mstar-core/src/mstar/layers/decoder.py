@@ -33,11 +33,14 @@ class DecoderLayer(nn.Module):
         o_bias: bool | None = None,
         fused_qkv: bool = False,
         fused_gate_up: bool = False,
+        layer: int | None = None,
     ) -> None:
         super().__init__()
         h, eps = config["hidden_size"], config["rms_norm_eps"]
         self.input_layernorm = RMSNorm(h, eps)
-        self.self_attn = PagedSelfAttention.from_config(config, qk_norm, qkv_bias=qkv_bias, o_bias=o_bias, fused_qkv=fused_qkv)
+        self.self_attn = PagedSelfAttention.from_config(
+            config, qk_norm, qkv_bias=qkv_bias, o_bias=o_bias, fused_qkv=fused_qkv, layer=layer
+        )
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.mlp = GatedMLP.from_config(config, fused_gate_up=fused_gate_up)
 
@@ -56,7 +59,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         h = config["hidden_size"]
         self.embed_tokens = nn.Embedding(config["vocab_size"], h)
-        self.layers = nn.ModuleList(DecoderLayer(config, **layer_options) for _ in range(config["num_hidden_layers"]))
+        self.layers = nn.ModuleList(DecoderLayer(config, **layer_options, layer=i) for i in range(config["num_hidden_layers"]))
         self.norm = RMSNorm(h, config["rms_norm_eps"])
         self.rope = RotaryEmbedding.from_config(config, head_dim_of(config))
 

@@ -21,7 +21,12 @@ from torch import nn
 
 from mstar.graph import EngineKind, GraphSpec, LinearWalks, Loop, NodeSpec, Signal, Step, Walk
 from mstar.graph.shapes import DECODE, PREFILL, prefill_decode_mixing
-from mstar.layers.attention import full_attention_limit, head_dim_of
+from mstar.layers.attention import (
+    PagedSelfAttention,
+    full_attention_limit,
+    head_dim_of,
+    sliding_window_of,
+)
 from mstar.layers.decoder import DecoderModel
 from mstar.layers.vocab_head import vocab_logits
 from mstar.model.spec import MixedBatchConfig, NodeSamplers
@@ -201,12 +206,19 @@ class CausalLMNode(ARNodeSubmodule):
         return KVCacheLayout(c["num_hidden_layers"], c.get("num_key_value_heads") or c["num_attention_heads"], head_dim_of(c), dtype)
 
     def max_model_len(self) -> int:
-        """``max_position_embeddings``, capped at the smallest sliding window
-        (``mstar.layers.attention.full_attention_limit``): the backends attend whole rows,
-        which equals windowed attention only up to the window."""
+        """``max_position_embeddings``. For a config with sliding windows whose attention
+        layers do not apply them (``PagedSelfAttention`` built without its ``layer`` index),
+        capped at the smallest window (``mstar.layers.attention.full_attention_limit``):
+        attending whole rows equals windowed attention only up to the window."""
         limit = int(self.config["max_position_embeddings"])
         window = full_attention_limit(self.config)
-        return limit if window is None else min(limit, int(window))
+        return limit if window is None or self._windows_applied() else min(limit, int(window))
+
+    def _windows_applied(self) -> bool:
+        layers = [m for m in self.modules() if isinstance(m, PagedSelfAttention)]
+        return len(layers) == int(self.config["num_hidden_layers"]) and all(
+            a.window == sliding_window_of(self.config, i) for i, a in enumerate(layers)
+        )
 
     def prepare_inputs(self, graph_walk: str, info: CurrentForwardPassInfo, signals: Mapping[str, torch.Tensor]) -> ARNodeInputs:
         if info.walk != PREFILL:  # the token this node's sampler drew: in range by construction
