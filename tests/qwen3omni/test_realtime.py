@@ -21,6 +21,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+from mstar.server.realtime_conversation import truncated
 from omni_server import omni_server
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
@@ -253,6 +254,63 @@ def test_server_vad_finds_the_turn_end_and_answers(client: openai.OpenAI) -> Non
     assert 1300 <= stopped["audio_end_ms"] <= 2100, stopped
     assert started["item_id"] == stopped["item_id"] == committed["item_id"]
     assert "response.created" in kinds and events[-1]["response"]["status"] == "incomplete"  # 4 tokens
+
+
+def test_speech_during_an_answer_cancels_it(client: openai.OpenAI, server: str) -> None:
+    """Barge-in: with server_vad, speech starting while a response plays cancels it."""
+    clip = pcm16(np.concatenate([vowel(1.0), np.zeros(RATE, np.float32)]))
+    long = {"nodes": {"talker": {"max_tokens": 4000}}}
+    with client.realtime.connect(model="qwen3omni") as conn:
+        configure(conn, seed=2, ignore_eos=True, sampling=long, max_output_tokens=4,
+                  audio={"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 400}}})
+        conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                               "content": [{"type": "input_text", "text": "Talk for a long time."}]}})
+        recv(conn)
+        conn.send({"type": "response.create", "response": {"max_output_tokens": 4000}})
+        while recv(conn)["type"] != "response.output_audio.delta":
+            pass
+        step = RATE // 10 * 2
+        for i in range(0, len(clip), step):
+            conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(clip[i : i + step]).decode()})
+        events = until(conn, "response.done")
+        cancelled = events[-1]["response"]
+        assert "input_audio_buffer.speech_started" in [e["type"] for e in events]
+        assert cancelled["status"] == "cancelled" and cancelled["status_details"]["reason"] == "turn_detected"
+        # The turn that interrupted is committed and answered (4 tokens: the session's limit).
+        events = until(conn, "response.done")
+        kinds = [e["type"] for e in events]
+        assert kinds.index("input_audio_buffer.speech_stopped") < kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
+        assert events[-1]["response"]["status"] == "incomplete" and events[-1]["response"]["usage"]["output_tokens"] == 4
+        deadline = time.monotonic() + 5  # the long answer's blocks were freed by the barge-in
+        while metric(server, "mstar_kv_blocks_used") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(server, "mstar_kv_blocks_used") == 0
+
+
+def test_truncate_trims_what_the_model_said(client: openai.OpenAI) -> None:
+    with client.realtime.connect(model="qwen3omni") as conn:
+        configure(conn, **SPOKEN)
+        conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                               "content": [{"type": "input_text", "text": "Hello."}]}})
+        recv(conn)
+        said = answer(conn)
+        item = said["done"]["output"][0]
+        heard_ms = len(said["audio"]) // 2 * 1000 // RATE // 2
+        conn.send({"type": "conversation.item.truncate", "item_id": item["id"], "content_index": 0, "audio_end_ms": 10**6})
+        assert recv(conn)["error"]["param"] == "audio_end_ms"  # past the audio's end
+        conn.send({"type": "conversation.item.truncate", "item_id": item["id"], "content_index": 0, "audio_end_ms": heard_ms})
+        event = recv(conn)
+        assert event == {**event, "type": "conversation.item.truncated", "item_id": item["id"], "audio_end_ms": heard_ms}
+        conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                               "content": [{"type": "input_text", "text": "Go on."}]}})
+        recv(conn)
+        after = answer(conn)
+    kept = heard_ms * RATE // 1000 / (len(said["audio"]) // 2)
+    heard = truncated(said["transcript"], kept)
+    assert 0 < len(heard) < len(said["transcript"])
+    chat = chat_stream(client, [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": heard},
+                                {"role": "user", "content": "Go on."}], 11)
+    assert after["transcript"] == chat["transcript"] and after["audio"] == chat["audio"]
 
 
 def raw_ws(server: str, **kw: Any) -> ClientConnection:
