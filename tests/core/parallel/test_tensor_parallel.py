@@ -1,8 +1,11 @@
-"""Tensor parallelism on CPU: two ranks over gloo, each its own process and engine, the text
-LM fixture's attention heads, MLP columns and LM head rows split between them
-(mstar.parallel.shard), the follower stepping with rank 0 (mstar.engine.lockstep). Greedy
-ids equal one device's, logits within 1e-5, also under preemption (both sides given the
-same number of KV blocks)."""
+"""Tensor parallelism on CPU: two ranks over gloo, each its own process and engine, a model's
+attention heads, MLP columns and LM head rows split between them (mstar.parallel.shard), the
+follower stepping with rank 0 (mstar.engine.lockstep). Greedy ids equal one device's, logits
+within 1e-5 (Orpheus: its audio too), also under preemption (both sides given the same
+number of KV blocks).
+
+Models: the text LM fixture (its head a module call) and Orpheus (its head through
+``mstar.layers.vocab_logits`` on the weight, a 156,940-token vocabulary, SNAC kept whole)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ import torch
 pytest.importorskip("transformers")
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 TOKENS = 24
+# Bytes of one 16-position block on one device: 2 layers x K,V x 2 kv heads x 16 dims x 16
+# positions x 4 bytes (both models); a rank holds one kv head, half of it.
+BLOCK_BYTES = 2 * 2 * 2 * 16 * 16 * 4
 
 
 def _free_port() -> int:
@@ -25,60 +31,78 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _requests(n: int) -> list[dict]:
+def _requests(model: str, ckpt: Path, n: int) -> list[dict]:
     g = torch.Generator().manual_seed(7)
-    return [{"inputs": {"prompt_ids": torch.randint(0, 383, (5 + 3 * i,), generator=g)},
-             "sampling": {"temperature": 0, "max_tokens": TOKENS, "ignore_eos": True},
-             "kwargs": {"return_logits": True}} for i in range(n)]
+    if model == "orpheus":
+        from mstar_orpheus.config import load_config
+        from mstar_orpheus.prompt import SpeechPrompt
+
+        speech = SpeechPrompt.from_config(load_config(ckpt), ckpt)
+        words = ["the quick brown fox", "jumps over", "a lazy dog while seven tired owls", "sing", "quietly now", "hello"]
+        prompts = [speech.encode(words[i % len(words)] * (1 + i % 3), "tara") for i in range(n)]
+        sampling = {"temperature": 0, "repetition_penalty": 1.0, "top_p": 1.0, "max_tokens": TOKENS}
+    else:
+        prompts = [torch.randint(0, 383, (5 + 3 * i,), generator=g) for i in range(n)]
+        sampling = {"temperature": 0, "max_tokens": TOKENS, "ignore_eos": True}
+    return [{"inputs": {"prompt_ids": p}, "sampling": sampling, "kwargs": {"return_logits": True}} for p in prompts]
 
 
-def _engine(ckpt: Path, kv_budget: int, **tp: object):
-    sys.path.insert(0, str(BENCHMARKS))
+def _engine(model: str, ckpt: Path, kv_budget: int, **tp: object):
     from mstar import Engine
     from mstar.engine.builder import EngineConfig, build_core
+
+    options = {"dtype": "float32", "kv_budget_bytes": kv_budget, "block_size": 16, "max_num_seqs": 16, **tp}
+    if model == "orpheus":
+        return Engine.from_model("orpheus", weights=ckpt, **options)
+    sys.path.insert(0, str(BENCHMARKS))
     from text_lm_overhead import load_text_plugin
 
     loaded = load_text_plugin()
-    config = EngineConfig(dtype="float32", kv_budget_bytes=kv_budget, block_size=16, max_num_seqs=16, **tp)
-    return Engine(build_core(loaded, ckpt, config), loaded, ckpt)
+    return Engine(build_core(loaded, ckpt, EngineConfig(**options)), loaded, ckpt)
 
 
-def _run(engine, n: int) -> tuple[list[list[int]], list[torch.Tensor], int]:
-    results = engine.run_batch(_requests(n))
+def _run(engine, model: str, ckpt: Path, n: int) -> dict:
+    results = engine.run_batch(_requests(model, ckpt, n))
     assert all(r.error is None for r in results), [r.error for r in results]
-    return ([r.cat("tokens").tolist() for r in results], [torch.stack(r.signals["logits"]) for r in results],
-            engine.core.stats.preemptions)
+    token = "token" if model == "orpheus" else "tokens"
+    return {
+        "tokens": [r.cat(token).tolist() for r in results],
+        # numpy: pickled through the queue, not shared memory the child takes with it
+        "logits": [torch.stack(r.signals["logits"]).numpy() for r in results],
+        "audio": [r.cat("audio").numpy() if "audio" in r.signals else None for r in results],
+        "preemptions": engine.core.stats.preemptions,
+        "steps": engine.core.stats.steps,
+    }
 
 
-def _rank(rank: int, size: int, port: int, ckpt: str, kv_budget: int, n: int, out: mp.Queue) -> None:
+def _rank(model: str, rank: int, size: int, port: int, ckpt: str, kv_budget: int, n: int, out: mp.Queue) -> None:
     torch.set_num_threads(1)
     try:
-        engine = _engine(Path(ckpt), kv_budget, tensor_parallel_size=size, tensor_parallel_rank=rank,
+        engine = _engine(model, Path(ckpt), kv_budget, tensor_parallel_size=size, tensor_parallel_rank=rank,
                          tensor_parallel_init=f"tcp://127.0.0.1:{port}")
         heads = engine.core.nodes["lm"].kv.num_kv_heads
         if rank == 0:
-            tokens, logits, preemptions = _run(engine, n)
+            got = _run(engine, model, Path(ckpt), n)
             engine.close()
-            # numpy: pickled, not shared memory the child takes with it when it exits
-            out.put((rank, heads, tokens, [x.numpy() for x in logits], (preemptions, engine.core.stats.steps)))
+            out.put((rank, heads, got))
         else:
-            out.put((rank, heads, engine.follow(), None, None))
+            out.put((rank, heads, {"steps": engine.follow()}))
     except BaseException as exc:  # reported to the test, not lost in the child
-        out.put((rank, None, repr(exc), None, None))
+        out.put((rank, None, repr(exc)))
         raise
 
 
-def _tensor_parallel(ckpt: Path, kv_budget: int, n: int, size: int = 2) -> dict[int, tuple]:
+def _tensor_parallel(model: str, ckpt: Path, kv_budget: int, n: int, size: int = 2) -> dict[int, tuple]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, size, port, str(ckpt), kv_budget, n, out)) for r in range(size)]
+    procs = [ctx.Process(target=_rank, args=(model, r, size, port, str(ckpt), kv_budget, n, out)) for r in range(size)]
     for p in procs:
         p.start()
     got = {}
     for _ in range(size):
-        rank, *rest = out.get(timeout=300)
-        got[rank] = tuple(rest)
+        rank, heads, result = out.get(timeout=300)
+        got[rank] = (heads, result)
     for p in procs:
         p.join(timeout=60)
     assert all(v[0] is not None for v in got.values()), got
@@ -86,7 +110,7 @@ def _tensor_parallel(ckpt: Path, kv_budget: int, n: int, size: int = 2) -> dict[
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def text_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sys.path.insert(0, str(BENCHMARKS))
     from text_lm_overhead import write_checkpoint
 
@@ -94,21 +118,33 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("tp-ckpt"), 64, 2, 384, 512)
 
 
+@pytest.fixture(scope="module")
+def orpheus_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mstar_orpheus.checkpoint import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("tp-orpheus"), seed=1, snac={"noise": False})
+
+
 @pytest.mark.parametrize("preempt", [False, True])
-def test_two_ranks_equal_one_device(ckpt: Path, preempt: bool) -> None:
+@pytest.mark.parametrize("model", ["text", "orpheus"])
+def test_two_ranks_equal_one_device(model: str, preempt: bool, request: pytest.FixtureRequest) -> None:
+    ckpt = request.getfixturevalue(f"{model}_ckpt")
     n = 6
-    # 2 layers x K,V x 2 kv heads x 16 dims x 16 positions x 4 bytes = 8 KiB a block on one
-    # device, 4 KiB on each rank (one kv head): 10 blocks each way.
-    one_budget = (10 if preempt else 200) * 8192
-    one = _engine(ckpt, one_budget)
-    tokens, logits, preemptions = _run(one, n)
+    one_budget = (12 if preempt else 200) * BLOCK_BYTES  # the same number of blocks each way
+    one = _engine(model, ckpt, one_budget)
+    assert one.core.nodes["lm"].kv.num_blocks == one_budget // BLOCK_BYTES
+    want = _run(one, model, ckpt, n)
     one.close()
-    got = _tensor_parallel(ckpt, one_budget // 2, n)
-    heads0, tp_tokens, tp_logits, (tp_preemptions, leader_steps) = got[0]
-    heads1, follower_steps, _, _ = got[1]
+    got = _tensor_parallel(model, ckpt, one_budget // 2, n)
+    (heads0, lead), (heads1, follower) = got[0], got[1]
     assert heads0 == heads1 == 1  # each rank holds one of the two key/value heads
-    assert tp_tokens == tokens
-    for a, b in zip(tp_logits, logits, strict=True):
-        torch.testing.assert_close(torch.from_numpy(a), b, rtol=1e-5, atol=1e-5)
-    assert follower_steps == leader_steps >= TOKENS  # the follower stepped with rank 0, every step
-    assert (tp_preemptions > 0) == preempt and tp_preemptions == preemptions
+    assert lead["tokens"] == want["tokens"]
+    assert all(len(t) > 0 for t in lead["tokens"])
+    for a, b in zip(lead["logits"], want["logits"], strict=True):
+        torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), rtol=1e-5, atol=1e-5)
+    for a, b in zip(lead["audio"], want["audio"], strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), rtol=1e-5, atol=1e-5)
+    assert follower["steps"] == lead["steps"] >= TOKENS  # the follower stepped with rank 0, every step
+    assert (lead["preemptions"] > 0) == preempt and lead["preemptions"] == want["preemptions"]

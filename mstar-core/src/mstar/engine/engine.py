@@ -240,8 +240,8 @@ class Engine:
         getattr(self.core, command)(*args)
 
     def follow(self) -> int:
-        """Tensor-parallel ranks other than 0: step as rank 0 does until it closes (the
-        steps run). Blocks; this engine takes no requests of its own."""
+        """Tensor-parallel ranks other than 0: step as rank 0 does until it closes (returns
+        the forwards run). Blocks; this engine takes no requests of its own."""
         tp = self.core.tensor_parallel
         if tp is None or tp.rank == 0:
             raise RuntimeError("follow() is for tensor-parallel ranks other than 0")

@@ -38,16 +38,15 @@ class LockstepLeader:
 
 
 def follow(core: Any, tp: TensorParallelGroup) -> int:
-    """A follower's loop: apply rank 0's commands, step when it steps; returns the steps run
-    once rank 0 stops."""
-    steps = 0
+    """A follower's loop: apply rank 0's commands, step when it steps; returns the forwards
+    it ran (``core.stats.steps``, as rank 0 counts them) once rank 0 stops."""
+    start = core.stats.steps
     while True:
         message = tp.broadcast_object()
         if message == STOP:
-            return steps
+            return core.stats.steps - start
         commands, stepping = message
         for name, args in commands:
             getattr(core, name)(*pickle.loads(args))
         if stepping:
             core.step()
-            steps += 1

@@ -31,7 +31,16 @@ _MAX_ROWS = 256
 
 
 def vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``hidden`` [..., H] and ``weight`` [V, H] → logits [..., V], as ``F.linear``."""
+    """``hidden`` [..., H] and ``weight`` [V, H] → logits [..., V], as ``F.linear``. A head
+    split over tensor-parallel ranks (``mstar.parallel.shard``) holds V / N rows here: the
+    ranks' logits are gathered, so every rank gets all V."""
+    group = getattr(weight, "mstar_tensor_parallel", None)
+    if group is not None:
+        return group.all_gather(_logits(hidden, weight, bias), dim=-1)
+    return _logits(hidden, weight, bias)
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if packed.claimed(weight) and packed.usable(hidden, weight):
         return packed.packed_linear(hidden, weight, bias)
     rows = hidden.numel() // hidden.shape[-1] if hidden.shape[-1] else 0

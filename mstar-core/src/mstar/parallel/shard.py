@@ -9,7 +9,10 @@ MLP, a top-level ``lm_head``) into their rank's part:
   so it is held by several ranks); ``o_proj`` becomes row-parallel (a sum over ranks);
 - gated MLP: ``intermediate / N`` columns of gate and up, ``down_proj`` row-parallel;
 - ``lm_head``: ``vocab / N`` rows, the logits gathered so every rank has all of them (each
-  rank's sampler then draws the same tokens from the same seeds).
+  rank's sampler then draws the same tokens from the same seeds), whether the node calls the
+  module or passes its weight to ``mstar.layers.vocab_logits``; a head tied to the
+  embeddings gets its own rows (the embeddings stay whole). A node computing logits from the
+  weight any other way must not have a module named ``lm_head``.
 
 Embeddings, norms and every other module stay whole on every rank. The full checkpoint is
 read on each rank and sliced here (transiently one node's full weights per rank).
@@ -44,12 +47,15 @@ class RowParallelLinear(nn.Module):
 
 
 class GatheredColumnLinear(nn.Module):
-    """This rank's output rows of a linear; the outputs gathered along the last dim."""
+    """This rank's output rows of a linear; the outputs gathered along the last dim. Its
+    weight carries the group (``mstar_tensor_parallel``), so a node that computes its logits
+    from the weight (``mstar.layers.vocab_logits``) gathers them too."""
 
     def __init__(self, full: nn.Linear, tp: TensorParallelGroup) -> None:
         super().__init__()
         self.tp = tp
         self.weight = nn.Parameter(_part(full.weight.data, 0, tp), requires_grad=False)
+        self.weight.mstar_tensor_parallel = tp  # type: ignore[attr-defined]
         self.bias = None if full.bias is None else nn.Parameter(_part(full.bias.data, 0, tp), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
