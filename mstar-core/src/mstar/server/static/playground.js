@@ -65,6 +65,9 @@ async function showModel() {
   const speech = card.endpoints.includes("speech");
   const chat = card.endpoints.includes("chat");
   if (live && live.model !== select.value) closeLive(); // it speaks with the model it was opened for
+  const talks = chat && card.endpoints.includes("transcription"); // hears: WS /v1/realtime serves it
+  if (typeof talk !== "undefined" && talk && talk.model !== select.value) stopTalk();
+  $("talk-panel").hidden = !talks;
   $("speech-panel").hidden = !speech;
   $("chat-panel").hidden = !chat;
   $("chat-audio-controls").hidden = !(chat && card.chat_audio);
@@ -75,6 +78,7 @@ async function showModel() {
   if (turn !== shown) return;
   fillVoices($("voice"), voices);
   fillVoices($("chat-voice"), voices.filter((v) => !v.saved)); // chat speaks built-in voices only
+  fillVoices($("talk-voice"), card.chat_audio ? voices.filter((v) => !v.saved) : []);
   select.dataset.shown = select.value; // the page shows this model (tests wait on it)
 }
 
@@ -125,8 +129,15 @@ class PcmPlayer {
     this.playAt = ctx.currentTime + 0.05;
     this.carry = new Uint8Array(0); // a sample split across two pieces
     this.parts = [];
+    this.sources = []; // scheduled, for stop()
     this.bytes = 0;
     this.played = 0;
+  }
+
+  // Silences everything scheduled (an interrupted answer).
+  stop() {
+    for (const src of this.sources) { try { src.stop(); } catch (_) { /* not started */ } }
+    this.sources = [];
   }
 
   push(piece) {
@@ -144,7 +155,8 @@ class PcmPlayer {
     const src = this.ctx.createBufferSource();
     src.buffer = buffer;
     src.connect(this.ctx.destination);
-    src.onended = () => this.onPlayed(++this.played);
+    src.onended = () => { this.sources = this.sources.filter((s) => s !== src); this.onPlayed(++this.played); };
+    this.sources.push(src);
     this.playAt = Math.max(this.playAt, this.ctx.currentTime);
     src.start(this.playAt);
     this.playAt += buffer.duration;
@@ -208,8 +220,11 @@ async function speak() {
     status.dataset.decodedSamples = String(decoded.length);
     status.dataset.decodedRate = String(decoded.sampleRate);
     status.dataset.state = "done";
+    const rtf = decoded.duration ? (performance.now() - started) / 1000 / decoded.duration : null;
+    status.dataset.rtf = String(rtf);
     status.textContent = `${player.bytes} bytes, ${decoded.duration.toFixed(2)} s of audio (decoded ${decoded.length} samples), ` +
-      `first audio after ${firstAudioMs === null ? "-" : firstAudioMs.toFixed(0)} ms, seed ${resp.headers.get("x-mstar-seed")}`;
+      `first audio after ${firstAudioMs === null ? "-" : firstAudioMs.toFixed(0)} ms, real-time factor ${rtf === null ? "-" : rtf.toFixed(2)}, ` +
+      `seed ${resp.headers.get("x-mstar-seed")}`;
     const audio = $("speech-audio");
     audio.src = URL.createObjectURL(wav);
     audio.hidden = false;
@@ -366,7 +381,7 @@ async function send() {
       player = new PcmPlayer(ctx, rate, (n) => { status.dataset.playedChunks = String(n); });
     }
     const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
-    let pending = "", usage = null, firstAudioMs = null;
+    let pending = "", usage = null, firstAudioMs = null, firstTokenMs = null;
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
@@ -381,6 +396,7 @@ async function send() {
         if (chunk.usage) usage = chunk.usage;
         for (const choice of chunk.choices || []) {
           const delta = choice.delta || {};
+          if (firstTokenMs === null && (delta.content || (delta.audio && delta.audio.transcript))) firstTokenMs = performance.now() - started;
           reply.textContent += delta.content || "";
           if (!delta.audio) continue;
           reply.textContent += delta.audio.transcript || "";
@@ -401,7 +417,9 @@ async function send() {
         const { wav, decoded } = await player.finish();
         status.dataset.decodedSamples = String(decoded.length);
         status.dataset.decodedRate = String(decoded.sampleRate);
-        spoken = `, ${player.bytes} bytes of audio (${decoded.duration.toFixed(2)} s, first after ${firstAudioMs.toFixed(0)} ms)`;
+        const rtf = (performance.now() - started) / 1000 / decoded.duration;
+        status.dataset.rtf = String(rtf);
+        spoken = `, ${player.bytes} bytes of audio (${decoded.duration.toFixed(2)} s, first after ${firstAudioMs.toFixed(0)} ms, real-time factor ${rtf.toFixed(2)})`;
         const audio = $("chat-audio");
         audio.src = URL.createObjectURL(wav);
         audio.hidden = false;
@@ -410,7 +428,8 @@ async function send() {
       }
     }
     reply.dataset.state = "done";
-    status.textContent = `${usage ? usage.completion_tokens + " tokens, " : ""}${((performance.now() - started) / 1000).toFixed(2)} s${spoken}`;
+    const firstToken = firstTokenMs === null ? "" : `, first token after ${firstTokenMs.toFixed(0)} ms`;
+    status.textContent = `${usage ? usage.completion_tokens + " tokens, " : ""}${((performance.now() - started) / 1000).toFixed(2)} s${firstToken}${spoken}`;
   } catch (err) {
     reply.dataset.state = "error";
     showError(`Chat failed: ${err.message}`);
