@@ -30,6 +30,14 @@ class QKNormAttention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)  # per head, before RoPE
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
+    def shard_tensor_parallel(self, tp: Any) -> str:
+        """Tensor parallelism (``mstar.parallel``): keep this rank's heads; ``o_proj`` becomes
+        row-parallel, which ``_linear`` (core's ``linear``) sums over the ranks."""
+        from mstar.parallel.shard import shard_attention_heads
+
+        shard_attention_heads(self, tp)
+        return "attention"
+
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` [..., T, H] → q [..., T, Hq, D], k/v [..., T, Hkv, D] with RoPE applied
         (``sin``: ``signed_sin`` of the sine table)."""

@@ -20,9 +20,11 @@ import torch
 pytest.importorskip("transformers")
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 TOKENS = 24
-# Bytes of one 16-position block on one device: 2 layers x K,V x 2 kv heads x 16 dims x 16
-# positions x 4 bytes (both models); a rank holds one kv head, half of it.
-BLOCK_BYTES = 2 * 2 * 2 * 16 * 16 * 4
+# Each model's KV node and the bytes of one 16-position block of it on one device: 2 layers x
+# K,V x 2 kv heads x head_dim (16; Qwen3-TTS's talker 8) x 16 positions x 4 bytes; a rank
+# holds one kv head, half of it.
+KV_NODE = {"text": ("lm", 2 * 2 * 2 * 16 * 16 * 4), "orpheus": ("lm", 2 * 2 * 2 * 16 * 16 * 4),
+           "qwen3tts": ("talker", 2 * 2 * 2 * 8 * 16 * 4)}
 
 
 def _free_port() -> int:
@@ -33,6 +35,16 @@ def _free_port() -> int:
 
 def _requests(model: str, ckpt: Path, n: int) -> list[dict]:
     g = torch.Generator().manual_seed(7)
+    if model == "qwen3tts":
+        from mstar_qwen3tts.config import Qwen3TTSConfig, load_config
+        from mstar_qwen3tts.prompt import assistant_text, build_prompt
+        from mstar_qwen3tts.text_tokenizer import encode, load_tokenizer
+
+        cfg, tok = Qwen3TTSConfig.from_dict(load_config(ckpt)), load_tokenizer(ckpt)
+        texts = ["Hello there.", "A quick brown fox jumps.", "Seven owls.", "Good night, moon.", "Yes", "The end of it all."]
+        return [{"inputs": build_prompt(cfg, encode(tok, assistant_text(texts[i % len(texts)])), "vivian", "auto", True).inputs(),
+                 "sampling": {"talker": {"main": {"temperature": 0.0, "max_tokens": TOKENS}, "aux": {"code_predictor": {"temperature": 0.0}}}},
+                 "kwargs": {"return_logits": True}} for i in range(n)]
     if model == "orpheus":
         from mstar_orpheus.config import load_config
         from mstar_orpheus.prompt import SpeechPrompt
@@ -52,8 +64,8 @@ def _engine(model: str, ckpt: Path, kv_budget: int, **tp: object):
     from mstar.engine.builder import EngineConfig, build_core
 
     options = {"dtype": "float32", "kv_budget_bytes": kv_budget, "block_size": 16, "max_num_seqs": 16, **tp}
-    if model == "orpheus":
-        return Engine.from_model("orpheus", weights=ckpt, **options)
+    if model in ("orpheus", "qwen3tts"):
+        return Engine.from_model(model, weights=ckpt, **options)
     sys.path.insert(0, str(BENCHMARKS))
     from text_lm_overhead import load_text_plugin
 
@@ -64,7 +76,7 @@ def _engine(model: str, ckpt: Path, kv_budget: int, **tp: object):
 def _run(engine, model: str, ckpt: Path, n: int) -> dict:
     results = engine.run_batch(_requests(model, ckpt, n))
     assert all(r.error is None for r in results), [r.error for r in results]
-    token = "token" if model == "orpheus" else "tokens"
+    token = {"orpheus": "token", "qwen3tts": "codes"}.get(model, "tokens")
     return {
         "tokens": [r.cat(token).tolist() for r in results],
         # numpy: pickled through the queue, not shared memory the child takes with it
@@ -80,7 +92,7 @@ def _rank(model: str, rank: int, size: int, port: int, ckpt: str, kv_budget: int
     try:
         engine = _engine(model, Path(ckpt), kv_budget, tensor_parallel_size=size, tensor_parallel_rank=rank,
                          tensor_parallel_init=f"tcp://127.0.0.1:{port}")
-        heads = engine.core.nodes["lm"].kv.num_kv_heads
+        heads = engine.core.nodes[KV_NODE[model][0]].kv.num_kv_heads
         if rank == 0:
             got = _run(engine, model, Path(ckpt), n)
             engine.close()
@@ -119,6 +131,13 @@ def text_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def qwen3tts_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mstar_qwen3tts.tiny_checkpoint import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("tp-qwen3tts"))
+
+
+@pytest.fixture(scope="module")
 def orpheus_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mstar_orpheus.checkpoint import write_checkpoint
 
@@ -126,13 +145,14 @@ def orpheus_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("preempt", [False, True])
-@pytest.mark.parametrize("model", ["text", "orpheus"])
+@pytest.mark.parametrize("model", ["text", "orpheus", "qwen3tts"])
 def test_two_ranks_equal_one_device(model: str, preempt: bool, request: pytest.FixtureRequest) -> None:
     ckpt = request.getfixturevalue(f"{model}_ckpt")
     n = 6
-    one_budget = (12 if preempt else 200) * BLOCK_BYTES  # the same number of blocks each way
+    node, block_bytes = KV_NODE[model]
+    one_budget = (12 if preempt else 200) * block_bytes  # the same number of blocks each way
     one = _engine(model, ckpt, one_budget)
-    assert one.core.nodes["lm"].kv.num_blocks == one_budget // BLOCK_BYTES
+    assert one.core.nodes[node].kv.num_blocks == one_budget // block_bytes
     want = _run(one, model, ckpt, n)
     one.close()
     got = _tensor_parallel(model, ckpt, one_budget // 2, n)

@@ -147,8 +147,16 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
         if is_kv and not isinstance(sub, ARNodeSubmodule):
             raise TypeError(f"KV-cache node {name!r} must be an ARNodeSubmodule, got {type(sub).__name__}")
         layout = sub.kv_cache_layout() if is_kv else None  # the whole model's, asked before any split
+        split_heads = False
         if tp is not None and is_kv:  # encoders, codecs: whole on each rank
-            log.info("node %s: rank %d of %d holds %s", name, tp.rank, tp.size, shard_module(sub, tp))
+            counts = shard_module(sub, tp)
+            log.info("node %s: rank %d of %d holds %s", name, tp.rank, tp.size, counts)
+            # Attention it could not split (a plugin's own class without
+            # shard_tensor_parallel) stays whole, and so does its cache.
+            split_heads = counts["attention"] > 0
+            if not split_heads:
+                log.warning("node %s: no attention module was split over the %d ranks; every rank holds all heads",
+                            name, tp.size)
         if device.type == "cpu" and engine_config.cpu_packed_linears:
             log.debug("node %s: %d linear layers packed for oneDNN", name, pack_linears(sub))
         if engine_config.compile_regions and (regions := sub.compile_regions()):
@@ -159,7 +167,7 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
             # With tensor parallelism the budget is each rank's (each device's): a rank holds
             # its key/value heads of every block, so the ranks hold the same blocks, and N
             # ranks hold N times the positions of one device when the heads split.
-            heads = layout.num_kv_heads if tp is None else local_kv_heads(layout.num_kv_heads, tp.size)
+            heads = local_kv_heads(layout.num_kv_heads, tp.size) if split_heads else layout.num_kv_heads
             per_block = KVCacheManager.bytes_per_block(layout.num_layers, heads, layout.head_dim,
                                                        engine_config.block_size, dtype)
             if engine_config.kv_budget_bytes // len(kv_nodes) < per_block:

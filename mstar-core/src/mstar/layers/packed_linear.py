@@ -112,7 +112,17 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``, through the packed weight where ``weight`` is claimed and usable: for
-    model code that computes a layer from its parameters instead of calling the module."""
+    model code that computes a layer from its parameters instead of calling the module. A
+    row-parallel weight (``mstar.parallel.shard``) sums the ranks' partial products, the
+    bias added once after the sum."""
+    group = getattr(weight, "mstar_row_parallel", None)
+    if group is not None:
+        out = group.all_reduce(_linear(x, weight, None))
+        return out if bias is None else out + bias
+    return _linear(x, weight, bias)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     # Inside torch.compile the weight-keyed cache cannot be traced (not even its length,
     # so that test comes first); the compiler has its own choice of GEMM.
     if not torch.compiler.is_compiling() and _packed and claimed(weight) and usable(x, weight):

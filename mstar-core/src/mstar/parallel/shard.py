@@ -23,27 +23,31 @@ so outputs differ from N = 1 by float rounding (about 1e-6 relative in float32).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mstar.layers.attention import PagedSelfAttention
 from mstar.layers.mlp import GatedMLP
+from mstar.layers.packed_linear import linear
 from mstar.parallel.group import TensorParallelGroup
 
 
 class RowParallelLinear(nn.Module):
     """This rank's input columns of a linear; the partial products summed over the ranks,
-    the bias added once after the sum."""
+    the bias added once after the sum. Its weight carries the group
+    (``mstar_row_parallel``), so model code that computes the layer from its parameters
+    through ``mstar.layers.packed_linear.linear`` sums too."""
 
     def __init__(self, full: nn.Linear, tp: TensorParallelGroup) -> None:
         super().__init__()
         self.tp = tp
         self.weight = nn.Parameter(_part(full.weight.data, 1, tp), requires_grad=False)
-        self.bias = None if full.bias is None else nn.Parameter(full.bias.data.clone(), requires_grad=False)
+        self.weight.mstar_row_parallel = tp  # type: ignore[attr-defined]
+        # Registered even when None, as nn.Linear does: model code reads _parameters["bias"].
+        bias = None if full.bias is None else nn.Parameter(full.bias.data.clone(), requires_grad=False)
+        self.register_parameter("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(F.linear(x, self.weight))
-        return out if self.bias is None else out + self.bias
+        return linear(x, self.weight, self.bias)
 
 
 class GatheredColumnLinear(nn.Module):
@@ -56,10 +60,11 @@ class GatheredColumnLinear(nn.Module):
         self.tp = tp
         self.weight = nn.Parameter(_part(full.weight.data, 0, tp), requires_grad=False)
         self.weight.mstar_tensor_parallel = tp  # type: ignore[attr-defined]
-        self.bias = None if full.bias is None else nn.Parameter(_part(full.bias.data, 0, tp), requires_grad=False)
+        bias = None if full.bias is None else nn.Parameter(_part(full.bias.data, 0, tp), requires_grad=False)
+        self.register_parameter("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather(F.linear(x, self.weight, self.bias), dim=-1)
+        return self.tp.all_gather(linear(x, self.weight, self.bias), dim=-1)
 
 
 def _part(t: torch.Tensor, dim: int, tp: TensorParallelGroup) -> torch.Tensor:
@@ -91,7 +96,11 @@ def local_kv_heads(num_kv_heads: int, size: int) -> int:
     return 1
 
 
-def _shard_attention(attn: PagedSelfAttention, tp: TensorParallelGroup) -> None:
+def shard_attention_heads(attn: nn.Module, tp: TensorParallelGroup) -> None:
+    """Keep this rank's heads of an attention module with HF's layout: ``q_proj``/``k_proj``/
+    ``v_proj`` (or one ``qkv_proj``), ``o_proj`` (made row-parallel) and ``num_heads``/
+    ``num_kv_heads``/``head_dim`` attributes (updated; ``sizes`` too when present). For a
+    plugin's own attention class: call it from its ``shard_tensor_parallel(tp)``."""
     hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     if hq % tp.size:
         raise ValueError(f"{hq} attention heads do not split over {tp.size} tensor-parallel ranks")
@@ -107,7 +116,8 @@ def _shard_attention(attn: PagedSelfAttention, tp: TensorParallelGroup) -> None:
         attn.q_proj, attn.k_proj, attn.v_proj = _rows(attn.q_proj, [q_span]), _rows(attn.k_proj, [kv_span]), _rows(attn.v_proj, [kv_span])
     attn.o_proj = RowParallelLinear(attn.o_proj, tp)
     attn.num_heads, attn.num_kv_heads = q_local, kv_local
-    attn.sizes = [q_local * d, kv_local * d, kv_local * d]
+    if hasattr(attn, "sizes"):
+        attn.sizes = [q_local * d, kv_local * d, kv_local * d]
 
 
 def _shard_mlp(mlp: GatedMLP, tp: TensorParallelGroup) -> None:
@@ -125,11 +135,16 @@ def _shard_mlp(mlp: GatedMLP, tp: TensorParallelGroup) -> None:
 
 def shard_module(module: nn.Module, tp: TensorParallelGroup) -> dict[str, int]:
     """Rewrite ``module``'s attention, gated MLPs and ``lm_head`` into this rank's part;
-    how many of each. A module with none of them stays whole (replicated)."""
+    how many of each. A module with none of them stays whole (replicated). A plugin's own
+    module opts in with ``shard_tensor_parallel(tp) -> "attention" | "mlp"`` (e.g. calling
+    ``shard_attention_heads``): it shards itself, and says what it was."""
     counts = {"attention": 0, "mlp": 0, "lm_head": 0}
     for sub in list(module.modules()):
-        if isinstance(sub, PagedSelfAttention):
-            _shard_attention(sub, tp)
+        custom = getattr(sub, "shard_tensor_parallel", None)
+        if custom is not None:
+            counts[custom(tp)] += 1
+        elif isinstance(sub, PagedSelfAttention):
+            shard_attention_heads(sub, tp)
             counts["attention"] += 1
         elif isinstance(sub, GatedMLP):
             _shard_mlp(sub, tp)
