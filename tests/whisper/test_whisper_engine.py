@@ -162,6 +162,21 @@ def test_cross_caches_count_in_the_kv_pool(whisper_ckpt, config) -> None:
         e.close()
 
 
+def test_the_decoder_prompt_defaults_to_the_checkpoints_start_token(whisper_ckpt, whisper_hf, config) -> None:
+    """``prompt_ids`` is optional (GraphSpec.input_defaults): left out, the request decodes
+    from <|startoftranscript|> alone, as one that gives it."""
+    e = engine(whisper_ckpt, kv_budget_bytes=1 << 22)
+    try:
+        given = request(config, 0)  # seed 0's prompt is the start token alone
+        left_out = request(config, 0)
+        del left_out["inputs"]["prompt_ids"]
+        results = e.run_batch([given, left_out])
+        check(results[1], whisper_hf, config, 0)
+        assert results[1].cat("tokens").tolist() == results[0].cat("tokens").tolist()
+    finally:
+        e.close()
+
+
 def test_missing_or_malformed_encoder_states_fail_the_request_alone(whisper_ckpt, whisper_hf, config) -> None:
     e = engine(whisper_ckpt, kv_budget_bytes=1 << 22)
     try:
@@ -174,3 +189,14 @@ def test_missing_or_malformed_encoder_states_fail_the_request_alone(whisper_ckpt
         check(results[1], whisper_hf, config, 1)
     finally:
         e.close()
+
+
+def test_check_plugin_passes(whisper_site) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(whisper_site), "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mstar.cli.main", "check-plugin", "tinywhisper"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "tinywhisper: all 15 checks passed" in proc.stdout, proc.stdout + proc.stderr

@@ -151,7 +151,8 @@ class EngineCore:
         for node in self.nodes.values():
             for state in node.slot_states.values():
                 state[slot].zero_()  # the last holder's values are not this request's
-        req.signals = dict(req.inputs)
+        defaults = self.graph.input_defaults
+        req.signals = {**{k: torch.as_tensor(v) for k, v in defaults.items() if k not in req.inputs}, **req.inputs}
         for node_name, node in self.nodes.items():
             if node.sampler is None:
                 continue
@@ -159,9 +160,9 @@ class EngineCore:
             assert node.sampler_decl is not None
             prompt = None
             if node.sampler_decl.prompt_signal:
-                # An optional input may hold the prompt (a decoder prompt a model defaults
-                # itself): absent, the penalties see no prompt ids.
-                value = req.inputs.get(node.sampler_decl.prompt_signal)
+                # An optional input may hold the prompt: its default (GraphSpec.input_defaults)
+                # when the request left it out; with neither, the penalties see no prompt ids.
+                value = req.signals.get(node.sampler_decl.prompt_signal)
                 prompt = value.reshape(-1).tolist() if value is not None else None
             node.sampler.add_request(slot, cfg, prompt or (), list(node.sampler_decl.stop_token_ids))
             req.slots[node_name] = slot

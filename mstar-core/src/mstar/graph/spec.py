@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from mstar.graph.chunking import ChunkPolicy
 
@@ -171,6 +171,9 @@ class GraphSpec:
     state_machine: WalkStateMachine
     request_inputs: tuple[str, ...] = ()
     partitions: tuple[str, ...] = field(default=())
+    # Inputs a request may leave out: name -> the value it then gets (anything torch.as_tensor
+    # takes), e.g. an encoder-decoder model's decoder prompt, from the checkpoint's config.
+    input_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.partitions:
@@ -192,7 +195,10 @@ class GraphSpec:
         for key, sig in self.signals.items():
             if key != sig.name:
                 raise GraphError(f"signal registered as {key!r} is named {sig.name!r}")
-        produced: set[str] = set(self.request_inputs)
+        clash = sorted(set(self.input_defaults) & set(self.request_inputs))
+        if clash:
+            raise GraphError(f"input(s) {clash} are both required (request_inputs) and defaulted (input_defaults)")
+        produced: set[str] = set(self.request_inputs) | set(self.input_defaults)
         for sig in self.signals.values():
             if sig.stream is not None:
                 edge = sig.stream
@@ -220,7 +226,8 @@ class GraphSpec:
                         f"(nodes: {sorted(self.nodes)})"
                     )
                 for name in (*step.inputs, *step.outputs):
-                    if name not in self.signals and name not in self.request_inputs and not self._is_chunk_signal(name):
+                    if (name not in self.signals and name not in self.request_inputs and name not in self.input_defaults
+                            and not self._is_chunk_signal(name)):
                         raise GraphError(f"walk {walk.name!r}, node {step.node!r}: unknown signal {name!r}")
                 for name in step.inputs:
                     if name not in produced:
