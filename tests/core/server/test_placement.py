@@ -74,3 +74,25 @@ def test_a_request_reaches_only_the_engines_its_walks_run_on(graph, tmp_path):
     engines_for = request_engines(skipping, load_placement(path, {}, "cpu"))
     assert engines_for({}) == {"a", "b"}
     assert engines_for({"text_only": True}) == {"a"}
+
+
+def test_tensor_parallel_groups_parse_and_bad_values_are_named():
+    from mstar.server.placement import parse_placement
+    from mstar.server.placement_error import PlacementError as Error
+
+    placement = parse_placement({"groups": {"lm": {"device": "cuda:0", "nodes": ["lm"], "tensor_parallel": 2}}})
+    [slot] = placement.engine_slots()
+    assert (slot.name, slot.tensor_parallel, slot.device) == ("lm", 2, "cuda:0")
+    for bad in (0, "2", True, 1.5):
+        with pytest.raises(Error, match="'tensor_parallel' must be an integer >= 1"):
+            parse_placement({"groups": {"lm": {"nodes": ["lm"], "tensor_parallel": bad}}})
+    with pytest.raises(Error, match="with 'replicas' is not supported"):
+        parse_placement({"groups": {"lm": {"nodes": ["lm"], "tensor_parallel": 2, "replicas": 2}}})
+
+
+def test_rank_devices_follow_rank_zeros():
+    from mstar.server.tensor_parallel_ranks import rank_device
+
+    assert [rank_device("cuda:2", r) for r in range(3)] == ["cuda:2", "cuda:3", "cuda:4"]
+    assert [rank_device("cuda", r) for r in range(2)] == ["cuda:0", "cuda:1"]
+    assert rank_device("cpu", 1) == "cpu"

@@ -73,6 +73,9 @@ def build_engine(spec: Any, rank: int, init: str) -> Any:
         import torch
 
         torch.set_num_threads(spec.torch_threads)
+    given = sorted(k for k in spec.engine_options if k.startswith("tensor_parallel"))
+    if given:  # the ranks would wait for processes nobody starts
+        raise ValueError(f"engine option(s) {given}: set tensor_parallel on a placement group instead (docs/serving.md)")
     loaded = load_model(spec.model)
     options = {**loaded.spec.engine_defaults, **spec.engine_options}  # the server's options win
     if spec.tensor_parallel > 1:
