@@ -7,6 +7,8 @@ one product per expert that received tokens."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +25,20 @@ class SparseMoeBlock(nn.Module):
         self.gate = nn.Linear(hidden, num_experts, bias=False)
         self.gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self.tensor_parallel: Any = None  # set by shard_tensor_parallel
+
+    def shard_tensor_parallel(self, tp: Any) -> str:
+        """Tensor parallelism (``mstar.parallel``): every rank keeps all experts and routes
+        alike, with its share of each expert's intermediate columns; the routed outputs are
+        summed over the ranks in ``forward``."""
+        part, a = self.intermediate // tp.size, tp.rank * (self.intermediate // tp.size)
+        if part * tp.size != self.intermediate:
+            raise ValueError(f"moe intermediate size {self.intermediate} does not split over {tp.size} ranks")
+        gate_up, i = self.gate_up.data, self.intermediate
+        self.gate_up = nn.Parameter(torch.cat([gate_up[:, a : a + part], gate_up[:, i + a : i + a + part]], 1), requires_grad=False)
+        self.down = nn.Parameter(self.down.data[:, :, a : a + part].clone(), requires_grad=False)
+        self.intermediate, self.tensor_parallel = part, tp
+        return "mlp"
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, H] -> (expert ids [T, k], weights [T, k] in x's dtype)."""
@@ -41,8 +57,8 @@ class SparseMoeBlock(nn.Module):
         scale = weights.reshape(-1).index_select(0, order)[:, None]
         counts = torch.bincount(flat, minlength=self.num_experts)
         out = self._grouped(routed, counts) if self._use_grouped(x) else self._per_expert(routed, counts)
-        result = torch.zeros_like(x)
-        return result.index_add_(0, token, out * scale)
+        result = torch.zeros_like(x).index_add_(0, token, out * scale)
+        return result if self.tensor_parallel is None else self.tensor_parallel.all_reduce(result)
 
     def _use_grouped(self, x: torch.Tensor) -> bool:
         aligned = all((n * x.element_size()) % 16 == 0 for n in (x.shape[-1], self.intermediate))

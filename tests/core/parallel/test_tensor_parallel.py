@@ -24,7 +24,7 @@ TOKENS = 24
 # K,V x 2 kv heads x head_dim (16; Qwen3-TTS's talker 8) x 16 positions x 4 bytes; a rank
 # holds one kv head, half of it.
 KV_NODE = {"text": ("lm", 2 * 2 * 2 * 16 * 16 * 4), "orpheus": ("lm", 2 * 2 * 2 * 16 * 16 * 4),
-           "qwen3tts": ("talker", 2 * 2 * 2 * 8 * 16 * 4)}
+           "qwen3tts": ("talker", 2 * 2 * 2 * 8 * 16 * 4), "qwen3omni": ("thinker", 0)}
 
 
 def _free_port() -> int:
@@ -64,7 +64,7 @@ def _engine(model: str, ckpt: Path, kv_budget: int, **tp: object):
     from mstar.engine.builder import EngineConfig, build_core
 
     options = {"dtype": "float32", "kv_budget_bytes": kv_budget, "block_size": 16, "max_num_seqs": 16, **tp}
-    if model in ("orpheus", "qwen3tts"):
+    if model in ("orpheus", "qwen3tts", "qwen3omni"):
         return Engine.from_model(model, weights=ckpt, **options)
     sys.path.insert(0, str(BENCHMARKS))
     from text_lm_overhead import load_text_plugin
@@ -73,28 +73,30 @@ def _engine(model: str, ckpt: Path, kv_budget: int, **tp: object):
     return Engine(build_core(loaded, ckpt, EngineConfig(**options)), loaded, ckpt)
 
 
-def _run(engine, model: str, ckpt: Path, n: int) -> dict:
-    results = engine.run_batch(_requests(model, ckpt, n))
+def _run(engine, model: str, requests: list[dict]) -> dict:
+    results = engine.run_batch(requests)
     assert all(r.error is None for r in results), [r.error for r in results]
     token = {"orpheus": "token", "qwen3tts": "codes"}.get(model, "tokens")
     return {
         "tokens": [r.cat(token).tolist() for r in results],
+        "codes": [r.cat("codes").tolist() for r in results],
         # numpy: pickled through the queue, not shared memory the child takes with it
-        "logits": [torch.stack(r.signals["logits"]).numpy() for r in results],
+        # per step (a spoken answer's Thinker and Talker logits have different vocabularies)
+        "logits": [[x.numpy() for x in r.signals["logits"]] for r in results],
         "audio": [r.cat("audio").numpy() if "audio" in r.signals else None for r in results],
         "preemptions": engine.core.stats.preemptions,
         "steps": engine.core.stats.steps,
     }
 
 
-def _rank(model: str, rank: int, size: int, port: int, ckpt: str, kv_budget: int, n: int, out: mp.Queue) -> None:
+def _rank(model: str, rank: int, size: int, port: int, ckpt: str, kv_budget: int, requests: list[dict], out: mp.Queue) -> None:
     torch.set_num_threads(1)
     try:
         engine = _engine(model, Path(ckpt), kv_budget, tensor_parallel_size=size, tensor_parallel_rank=rank,
                          tensor_parallel_init=f"tcp://127.0.0.1:{port}")
         heads = engine.core.nodes[KV_NODE[model][0]].kv.num_kv_heads
         if rank == 0:
-            got = _run(engine, model, Path(ckpt), n)
+            got = _run(engine, model, requests)
             engine.close()
             out.put((rank, heads, got))
         else:
@@ -104,11 +106,11 @@ def _rank(model: str, rank: int, size: int, port: int, ckpt: str, kv_budget: int
         raise
 
 
-def _tensor_parallel(model: str, ckpt: Path, kv_budget: int, n: int, size: int = 2) -> dict[int, tuple]:
+def _tensor_parallel(model: str, ckpt: Path, kv_budget: int, requests: list[dict], size: int = 2) -> dict[int, tuple]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(model, r, size, port, str(ckpt), kv_budget, n, out)) for r in range(size)]
+    procs = [ctx.Process(target=_rank, args=(model, r, size, port, str(ckpt), kv_budget, requests, out)) for r in range(size)]
     for p in procs:
         p.start()
     got = {}
@@ -153,18 +155,57 @@ def test_two_ranks_equal_one_device(model: str, preempt: bool, request: pytest.F
     one_budget = (12 if preempt else 200) * block_bytes  # the same number of blocks each way
     one = _engine(model, ckpt, one_budget)
     assert one.core.nodes[node].kv.num_blocks == one_budget // block_bytes
-    want = _run(one, model, ckpt, n)
+    requests = _requests(model, ckpt, n)
+    want = _run(one, model, requests)
     one.close()
-    got = _tensor_parallel(model, ckpt, one_budget // 2, n)
+    got = _tensor_parallel(model, ckpt, one_budget // 2, requests)
+    _assert_equal(got, want, preempt)
+
+
+def _assert_equal(got: dict[int, tuple], want: dict, preempt: bool) -> None:
     (heads0, lead), (heads1, follower) = got[0], got[1]
     assert heads0 == heads1 == 1  # each rank holds one of the two key/value heads
-    assert lead["tokens"] == want["tokens"]
+    assert lead["tokens"] == want["tokens"] and lead["codes"] == want["codes"]
     assert all(len(t) > 0 for t in lead["tokens"])
-    for a, b in zip(lead["logits"], want["logits"], strict=True):
-        torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), rtol=1e-5, atol=1e-5)
+    for steps, want_steps in zip(lead["logits"], want["logits"], strict=True):
+        assert len(steps) == len(want_steps) > 0
+        for a, b in zip(steps, want_steps, strict=True):
+            torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), rtol=1e-5, atol=1e-5)
     for a, b in zip(lead["audio"], want["audio"], strict=True):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), rtol=1e-5, atol=1e-5)
     assert follower["steps"] == lead["steps"] >= TOKENS  # the follower stepped with rank 0, every step
     assert (lead["preemptions"] > 0) == preempt and lead["preemptions"] == want["preemptions"]
+
+
+@pytest.fixture(scope="module")
+def qwen3omni_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mstar_qwen3omni.tiny_checkpoint import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("tp-qwen3omni"))
+
+
+def test_qwen3omni_thinker_and_talker_on_two_ranks(qwen3omni_ckpt: Path) -> None:
+    """Spoken answers (Thinker -> Talker + code predictor -> Code2Wav) to a text, an image and
+    an audio question: the Thinker's and Talker's attention heads, MLPs and MoE experts'
+    columns split over two ranks (encoders, code predictor and Code2Wav whole). Text ids and
+    codec codes equal one device, logits and audio within 1e-5."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "qwen3omni"))
+    from thinker_reference import make_cases
+
+    cases = make_cases(qwen3omni_ckpt)
+    sampling = {"thinker": {"temperature": 0, "max_tokens": 6},
+                "talker": {"main": {"temperature": 0, "max_tokens": 12, "min_tokens": 6},
+                           "aux": {"code_predictor": {"temperature": 0}}}}
+    requests = []
+    for name, media in (("text", []), ("image", ["image"]), ("audio", ["audio"])):
+        c = cases[name]
+        requests.append({"inputs": {"prompt_ids": torch.tensor(c.prompt), **c.hf_inputs}, "sampling": sampling,
+                         "kwargs": {"modalities": ["text", "audio"], "voice": "Chelsie", "media": media, "return_logits": True}})
+    budget = 1 << 24
+    one = _engine("qwen3omni", qwen3omni_ckpt, budget)
+    want = _run(one, "qwen3omni", requests)
+    one.close()
+    assert all(len(c) > 0 for c in want["codes"]) and all(a is not None for a in want["audio"])
+    _assert_equal(_tensor_parallel("qwen3omni", qwen3omni_ckpt, budget, requests), want, preempt=False)

@@ -149,8 +149,9 @@ def shard_module(module: nn.Module, tp: TensorParallelGroup) -> dict[str, int]:
         elif isinstance(sub, GatedMLP):
             _shard_mlp(sub, tp)
             counts["mlp"] += 1
-    head = getattr(module, "lm_head", None)
-    if isinstance(head, nn.Linear):
-        module.lm_head = GatheredColumnLinear(head, tp)  # a tied head gets its own rows
-        counts["lm_head"] = 1
+    for parent in list(module.modules()):  # a head named lm_head at any depth
+        head = parent._modules.get("lm_head")
+        if isinstance(head, nn.Linear):
+            parent.lm_head = GatheredColumnLinear(head, tp)  # a tied head gets its own rows
+            counts["lm_head"] += 1
     return counts

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +87,11 @@ def build_engine(spec: Any, rank: int, init: str) -> Any:
 
 
 def _follower_main(payload: str, rank: int, init: str, leader_pid: int) -> int:
-    from mstar.server.engine_process import EngineProcessSpec
     from mstar.server.parent_death import die_with_parent
 
-    spec = msgspec.msgpack.decode(base64.b64decode(payload), type=EngineProcessSpec)
+    # The engine process's spec as plain fields (its class lives in engine_process, which
+    # imports this module).
+    spec = types.SimpleNamespace(**msgspec.msgpack.decode(base64.b64decode(payload)))
     logging.basicConfig(level=spec.log_level.upper(), format=f"%(asctime)s engine[{spec.name} rank {rank}] %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 owns shutdown
     die_with_parent(signal.SIGKILL, leader_pid)
