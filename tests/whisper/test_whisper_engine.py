@@ -200,3 +200,12 @@ def test_check_plugin_passes(whisper_site) -> None:
     proc = subprocess.run([sys.executable, "-m", "mstar.cli.main", "check-plugin", "tinywhisper"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and "tinywhisper: all 15 checks passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_plugin_is_at_most_300_lines() -> None:
+    """Issue #35's target for an encoder-decoder ASR plugin written on core (hooks, both
+    nodes, the transcription adapter and the tiny-checkpoint writer included)."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "fixtures" / "plugins" / "whisper" / "fixture_whisper"
+    assert sum(len(p.read_text().splitlines()) for p in package.glob("*.py")) <= 300
