@@ -186,11 +186,13 @@ def qwen3omni_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("tp-qwen3omni"))
 
 
-def test_qwen3omni_thinker_and_talker_on_two_ranks(qwen3omni_ckpt: Path) -> None:
+@pytest.mark.parametrize("preempt", [False, True])
+def test_qwen3omni_thinker_and_talker_on_two_ranks(qwen3omni_ckpt: Path, preempt: bool) -> None:
     """Spoken answers (Thinker -> Talker + code predictor -> Code2Wav) to a text, an image and
     an audio question: the Thinker's and Talker's attention heads, MLPs and MoE experts'
     columns split over two ranks (encoders, code predictor and Code2Wav whole). Text ids and
-    codec codes equal one device, logits and audio within 1e-5."""
+    codec codes equal one device, logits and audio within 1e-5; with a Thinker cache that
+    holds the longest request and one block more, under preemption too."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "qwen3omni"))
     from thinker_reference import make_cases
 
@@ -204,8 +206,14 @@ def test_qwen3omni_thinker_and_talker_on_two_ranks(qwen3omni_ckpt: Path) -> None
         requests.append({"inputs": {"prompt_ids": torch.tensor(c.prompt), **c.hf_inputs}, "sampling": sampling,
                          "kwargs": {"modalities": ["text", "audio"], "voice": "Chelsie", "media": media, "return_logits": True}})
     budget = 1 << 24
+    if preempt:  # the KV budget is split between the Thinker and the Talker, equally
+        probe = _engine("qwen3omni", qwen3omni_ckpt, budget)
+        per_block = max(probe.core.nodes[n].kv.block_bytes for n in ("thinker", "talker"))
+        probe.close()
+        longest = max(r["inputs"]["prompt_ids"].numel() for r in requests)
+        budget = 2 * per_block * (-(-(longest + 8) // 16) + 1)
     one = _engine("qwen3omni", qwen3omni_ckpt, budget)
     want = _run(one, "qwen3omni", requests)
     one.close()
     assert all(len(c) > 0 for c in want["codes"]) and all(a is not None for a in want["audio"])
-    _assert_equal(_tensor_parallel("qwen3omni", qwen3omni_ckpt, budget, requests), want, preempt=False)
+    _assert_equal(_tensor_parallel("qwen3omni", qwen3omni_ckpt, budget // 2, requests), want, preempt)
