@@ -196,8 +196,8 @@ class EngineWorker:
                         break
                     if not self._handle_message(frames):
                         return 0
-            if os.getppid() != self.spec.parent_pid:  # the API process is gone: no orphans
-                log.warning("API process exited; engine %s stops", self.spec.name)
+            if os.getppid() != self.spec.parent_pid:  # the API process is gone: no orphans, no leftovers
+                _clean_up_after_dead_parent(self.spec)
                 return 0
             if self.engine.fatal_error:
                 self.sender.put(Fatal(self.spec.name, self.engine.fatal_error))
