@@ -61,7 +61,7 @@ class CrossAttentionBatch:
                 raise ValueError(f"request {rid!r} has no cross-attention cache on this node")
         bs = kv.block_size
         width = -(-max(lens) // bs)
-        tables, _ = kv.table_rows([(rid, CROSS_STREAM) for rid in request_ids], width)
+        tables, _, _ = kv.table_rows([(rid, CROSS_STREAM) for rid in request_ids], width)
         slots = None
         if write_rows:
             parts = []

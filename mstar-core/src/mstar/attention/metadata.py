@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -31,6 +31,16 @@ RowLike = AttentionRow | tuple
 SMALL_BATCH = 4  # rows up to which build works on Python lists (AttentionBatch._build_small)
 
 
+@dataclass(frozen=True)
+class DecodeRun:
+    """Host copies of a decode step's metadata (one token per row, no custom mask), from
+    which the next step over the same rows is built (``AttentionBatch.build(previous=)``)."""
+
+    lens: np.ndarray  # int64 [B]: each row's cache length after that step
+    table_rows: np.ndarray  # int64 [B]: the rows' streams' rows in the KV manager's tables
+    tables_version: int  # the KV manager's ``tables_version`` then
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionBatch:
     """What one engine step's attention needs, in flat ragged form.
@@ -51,6 +61,9 @@ class AttentionBatch:
     slot_mapping: torch.Tensor  # [T] flat cache slot each new token's K/V is written to
     positions: torch.Tensor  # [T] absolute position of each new token
     causal: torch.Tensor  # [B] bool, the row's rule when it has no custom mask
+    # Decode steps of more than SMALL_BATCH rows: what the next step over the same rows
+    # starts from (None otherwise).
+    decode_run: DecodeRun | None = field(default=None, repr=False)
 
     @property
     def num_rows(self) -> int:
@@ -75,14 +88,26 @@ class AttentionBatch:
         kv: KVCacheManager,
         device: torch.device | str | None = None,
         kv_lens: Sequence[int] | None = None,
+        previous: AttentionBatch | None = None,
     ) -> AttentionBatch:
         """Build the step's metadata. Call after ``kv.append`` for the step's new tokens:
         each row's new tokens are the last ``query_len`` of its stream. ``kv_lens``: the
-        streams' lengths, when the caller already knows them (else read from ``kv``)."""
+        streams' lengths, when the caller already knows them (else read from ``kv``).
+
+        ``previous``: the last step's batch of the same caller. When it was a decode step
+        and this one is the next decode step of the same rows (the same streams in the same
+        order, each one position longer, no stream created or freed since), only what moved
+        is computed: lengths and positions advance by one, the tables are one gather of the
+        remembered rows, and the rest is the previous step's. The result equals a full build."""
         if not rows:
             raise ValueError("AttentionBatch needs at least one row")
         device = torch.device(device) if device is not None else kv.device
         parsed = tuple(row if isinstance(row, AttentionRow) else AttentionRow(*row) for row in rows)
+        run = previous.decode_run if previous is not None else None
+        if run is not None and kv_lens is not None and run.tables_version == kv.tables_version and parsed == previous.rows:
+            n = np.array(kv_lens, dtype=np.int64)
+            if np.array_equal(n, run.lens + 1):
+                return cls._next_decode(previous, run, n, kv, device)  # type: ignore[arg-type]
         streams = [(row.request_id, row.stream) for row in parsed]
         # Two rows on one stream would both claim its last tokens' cache slots.
         if len(set(streams)) != len(parsed):
@@ -102,14 +127,17 @@ class AttentionBatch:
         # Per-row scalars in Python, per-token arrays in numpy (one op for all rows, not a
         # Python loop per row), then one hop each to the device.
         n = np.array(lens, dtype=np.int64)
-        tables, held = kv.table_rows(streams, width)
+        tables, held, table_rows = kv.table_rows(streams, width)
         short = held * block_size < n
         if short.any():
             i = int(short.argmax())
             raise _short_cache(parsed[i], lens[i], int(held[i]), block_size)
         qo_indptr = np.array([0, *accumulate(q_lens)], dtype=np.int64)
+        run = None
         if num_tokens == num_rows:  # decode: one token per row, at its last position
             token_row, positions = np.arange(num_rows), n - 1
+            if table_rows is not None and all(row.custom_mask is None for row in parsed):
+                run = DecodeRun(n, table_rows, kv.tables_version)
         else:
             token_row = np.repeat(np.arange(num_rows), q_lens)
             positions = np.arange(num_tokens) - qo_indptr[token_row] + (n - q_lens)[token_row]
@@ -125,6 +153,36 @@ class AttentionBatch:
             slot_mapping=_to(slot_mapping, device),
             positions=_to(positions, device),
             causal=_to(np.array([row.causal for row in parsed], dtype=np.bool_), device),
+            decode_run=run,
+        )
+
+    @classmethod
+    def _next_decode(
+        cls, previous: AttentionBatch, run: DecodeRun, n: np.ndarray, kv: KVCacheManager, device: torch.device
+    ) -> AttentionBatch:
+        """The decode step after ``previous`` over the same rows (``build(previous=)``)."""
+        block_size = previous.block_size
+        positions = run.lens  # each row's new token sits where the last step's length was
+        max_kv = int(n.max())
+        tables, held = kv.tables_of_rows(run.table_rows, max(1, -(-max_kv // block_size)))
+        short = held * block_size < n
+        if short.any():
+            i = int(short.argmax())
+            raise _short_cache(previous.rows[i], int(n[i]), int(held[i]), block_size)
+        row_index = np.arange(len(n))
+        slot_mapping = tables[row_index, positions // block_size].astype(np.int64) * block_size + positions % block_size
+        return cls(
+            rows=previous.rows,
+            block_size=block_size,
+            max_query_len=1,
+            max_kv_len=max_kv,
+            qo_indptr=previous.qo_indptr,
+            kv_lens=_to(n.astype(np.int32), device),
+            block_tables=_to(tables, device),
+            slot_mapping=_to(slot_mapping, device),
+            positions=_to(positions.copy(), device),
+            causal=previous.causal,
+            decode_run=DecodeRun(n, run.table_rows, run.tables_version),
         )
 
     @classmethod

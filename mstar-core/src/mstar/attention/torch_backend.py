@@ -41,8 +41,9 @@ class _TorchPlan:
     # ``mask`` as SDPA's additive form (0 / -inf) per query dtype, made once for all layers:
     # SDPA would convert a bool mask this same way on every call.
     additive_masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
-    # [B, Qmax] absolute position of each padded query (sliding windows need it).
-    query_pos: torch.Tensor | None = None
+    # The step's metadata: sliding windows compute each padded query's position from it,
+    # only when a layer's window is shorter than the step's keys (most steps never need it).
+    source: AttentionBatch | None = None
     # Per (window, dtype): ``mask`` narrowed to each query's window, for windowed layers.
     window_masks: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict)
 
@@ -63,9 +64,10 @@ class _TorchPlan:
             return self.additive_mask(dtype)
         mask = self.window_masks.get((window, dtype))
         if mask is None:
-            assert self.query_pos is not None
-            key_pos = torch.arange(self.num_keys, device=self.query_pos.device)
-            inside = (key_pos[None, None, :] > self.query_pos[:, :, None] - window)[:, None]  # [B, 1, Qmax, K]
+            assert self.source is not None
+            query_pos = _query_positions(self.source, self.kv_blocks.device, self.max_query_len)
+            key_pos = torch.arange(self.num_keys, device=query_pos.device)
+            inside = (key_pos[None, None, :] > query_pos[:, :, None] - window)[:, None]  # [B, 1, Qmax, K]
             allowed = inside if self.mask is None else inside & self.mask
             mask = self.window_masks[(window, dtype)] = torch.where(allowed, 0.0, float("-inf")).to(dtype)
         return mask
@@ -126,7 +128,7 @@ def _build_plan(batch: AttentionBatch, device: torch.device, kv_lens_list: list[
         query_gather=query_gather,
         query_unpad=query_unpad,
         mask=None if mask is None else mask.unsqueeze(1),
-        query_pos=_query_positions(batch, device, max_q),
+        source=batch,
     )
 
 

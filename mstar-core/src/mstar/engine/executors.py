@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mstar.attention import AttentionBatch
+from mstar.attention import AttentionBatch, AttentionRow
 from mstar.attention.cross import CrossAttentionBatch
 from mstar.engine.output_cache import OutputCache
 from mstar.engine.stop_rules import StopRule, merge
@@ -220,6 +220,11 @@ class StatelessNodeExecutor(NodeExecutor):
 
 
 class KVNodeExecutor(NodeExecutor):
+    def __init__(self, node: LoadedNode) -> None:
+        super().__init__(node)
+        # The last step's attention metadata: a decode step over the same rows builds on it.
+        self._attention_batch: AttentionBatch | None = None
+
     def _engine_inputs(self, rows: list[Row]) -> ModelInputsFromEngine:
         node = self.node
         ei = super()._engine_inputs(rows)
@@ -232,9 +237,9 @@ class KVNodeExecutor(NodeExecutor):
                 sub.attention_mask(r.walk, r.prepared.info, r.num_tokens, node.kv.num_tokens(r.req.id, "main"))
                 for r in rows
             ]
-        batch = AttentionBatch.build(
-            [(r.req.id, "main", r.num_tokens, True, m) for r, m in zip(rows, masks, strict=True)],
-            node.kv, node.device, [r.cache_len for r in rows],
+        batch = self._attention_batch = AttentionBatch.build(
+            [AttentionRow(r.req.id, "main", r.num_tokens, True, m) for r, m in zip(rows, masks, strict=True)],
+            node.kv, node.device, [r.cache_len for r in rows], previous=self._attention_batch,
         )
         node.attention.plan(batch)
         ei.attention = node.attention

@@ -236,19 +236,33 @@ class KVCacheManager:
             state = streams[stream] = _Stream(self._tables.take_row())
         return state
 
-    def table_rows(self, streams: Sequence[tuple[RequestId, str]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    def table_rows(
+        self, streams: Sequence[tuple[RequestId, str]], width: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(int32 [len(streams), width]: each stream's block table, zero-padded; int64
-        [len(streams)]: how many blocks each holds). One copy from the persistent tables,
-        no list per stream."""
+        [len(streams)]: how many blocks each holds; int64 [len(streams)]: their rows in the
+        persistent tables, for ``tables_of_rows`` while ``tables_version`` stands still, or
+        None when a stream does not exist). One copy from the persistent tables, no list per
+        stream."""
         found = [self._streams.get(rid, {}).get(name) for rid, name in streams]
         if None in found:  # a stream nobody appended to: an empty table
             have = np.array([s is not None for s in found])
             out = np.zeros((len(streams), width), dtype=np.int32)
             out[have] = self._tables.gather(np.array([s.row for s in found if s is not None], dtype=np.int64), width)
-            return out, np.array([len(s.blocks) if s is not None else 0 for s in found], dtype=np.int64)
+            return out, np.array([len(s.blocks) if s is not None else 0 for s in found], dtype=np.int64), None
         counts = np.array([len(s.blocks) for s in found], dtype=np.int64)  # type: ignore[union-attr]
         rows = np.array([s.row for s in found], dtype=np.int64)  # type: ignore[union-attr]
-        return self._tables.gather(rows, width), counts
+        return self._tables.gather(rows, width), counts, rows
+
+    @property
+    def tables_version(self) -> int:
+        """Changes whenever a stream is created or freed (see ``table_rows``)."""
+        return self._tables.version
+
+    def tables_of_rows(self, rows: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """(int32 [len(rows), width], int64 [len(rows)]): the block tables of rows
+        ``table_rows`` returned, and how many blocks each holds."""
+        return self._tables.gather(rows, width), self._tables.held(rows)
 
     def free_stream(self, request_id: RequestId, stream: str = DEFAULT_STREAM) -> None:
         """Return one stream's blocks; a no-op when the stream does not exist."""
