@@ -1,6 +1,7 @@
-"""``mstar serve --prefix-caching``: a chat that shares a long system prompt is served from
-the cache (its hits in /metrics and /health, the ready line says so), with the same answer
-as a cold cache, and memory goes back when the requests are done."""
+"""``mstar serve`` with prefix caching (on by default): a chat that shares a long system
+prompt is served from the cache (its hits in /metrics and /health, the ready line says so),
+with the same answer as a cold cache, and memory goes back when the requests are done;
+``--no-prefix-caching`` caches nothing."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_a_shared_system_prompt_is_computed_once(start_server):
-    server = start_server(["--prefix-caching", "--engine-option", "block_size=4"])
+    server = start_server(["--engine-option", "block_size=4"])  # no flag: on by default
     assert "(prefix caching on)" in server.log_tail(4000)
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     answers = []
@@ -51,8 +52,9 @@ def test_a_shared_system_prompt_is_computed_once(start_server):
     assert any(node["prefix_hit_tokens"] > 0 for node in kv), health
 
 
-def test_without_the_flag_nothing_is_cached(start_server):
-    server = start_server([])
+def test_no_prefix_caching_caches_nothing(start_server):
+    server = start_server(["--no-prefix-caching"])
+    assert "(prefix caching off)" in server.log_tail(4000)
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     for _ in range(2):
         client.chat.completions.create(model="toy", messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}],

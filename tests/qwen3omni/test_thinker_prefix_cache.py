@@ -1,5 +1,6 @@
 """The Thinker with prefix caching: prompts that share a prefix reuse its blocks and answer
-as without the cache (tokens equal; logits within 1e-5); media rows are identified by
+as without the cache (an engine with prefix_caching=False, as caching is on by default;
+tokens equal; logits within 1e-5); media rows are identified by
 their content, so other media part the prompts there; a repeated media item is encoded
 once (the encoders' output cache); a spoken answer's prompt (the Talker reads every prompt
 position's states) is never shared."""
@@ -23,7 +24,7 @@ def _text_request(ids: list[int]) -> dict:
 
 def test_text_prompts_share_their_prefix_and_answer_as_without(omni_ckpt, omni_engines):
     cached = omni_engines(omni_ckpt, prefix_caching=True, block_size=4)
-    plain = omni_engines(omni_ckpt)
+    plain = omni_engines(omni_ckpt, prefix_caching=False)
     g = torch.Generator().manual_seed(7)
     system = torch.randint(10, 1000, (37,), generator=g).tolist()
     prompts = [system + torch.randint(10, 1000, (n,), generator=g).tolist() for n in (5, 9, 5)]
@@ -67,7 +68,7 @@ def test_the_same_media_is_encoded_once_and_its_prompt_shared(omni_ckpt, omni_en
     forward) and its whole prompt but the last position from the prefix cache; the answer
     equals the same request on an engine without caches."""
     cached = omni_engines(omni_ckpt, prefix_caching=True, block_size=4)
-    plain = omni_engines(omni_ckpt)
+    plain = omni_engines(omni_ckpt, prefix_caching=False)
     case = make_cases(omni_ckpt)[name]
     request = _raw_request(case)
     kinds = len(request["kwargs"]["media"])
@@ -84,7 +85,7 @@ def test_the_same_media_is_encoded_once_and_its_prompt_shared(omni_ckpt, omni_en
 
 def test_the_same_tokens_with_other_media_share_only_what_precedes_it(omni_ckpt, omni_engines):
     cached = omni_engines(omni_ckpt, prefix_caching=True, block_size=4)
-    plain = omni_engines(omni_ckpt)
+    plain = omni_engines(omni_ckpt, prefix_caching=False)
     case = make_cases(omni_ckpt)["two_images"]
     cached.run_batch([_raw_request(case)])
     other = _raw_request(case, pixel_shift=0.25)  # same prompt ids, other pixels
@@ -100,7 +101,7 @@ def test_encoder_outputs_given_as_inputs_are_identified_by_content(omni_ckpt, om
     """Media embeddings given directly (no encoder walk) are shared by content too: equal
     embeddings share the prompt, other embeddings part at the first media row."""
     cached = omni_engines(omni_ckpt, prefix_caching=True, block_size=4)
-    plain = omni_engines(omni_ckpt)
+    plain = omni_engines(omni_ckpt, prefix_caching=False)
     case = make_cases(omni_ckpt)["image"]
     same = {"inputs": {"prompt_ids": torch.tensor(case.prompt), **case.engine_inputs}, "sampling": GREEDY,
             "kwargs": {"return_logits": True}}
@@ -118,7 +119,7 @@ def test_encoder_outputs_given_as_inputs_are_identified_by_content(omni_ckpt, om
 
 def test_a_spoken_answer_computes_its_whole_prompt(omni_ckpt, omni_engines):
     cached = omni_engines(omni_ckpt, prefix_caching=True, block_size=4)
-    plain = omni_engines(omni_ckpt)
+    plain = omni_engines(omni_ckpt, prefix_caching=False)
     prompt = torch.tensor(make_cases(omni_ckpt)["text"].prompt)
     request = {"inputs": {"prompt_ids": prompt}, "sampling": SPEECH_SAMPLING, "kwargs": {"modalities": ["text", "audio"]}}
     before = cached.core.stats.prefix_hit_tokens

@@ -1,6 +1,7 @@
 """The talker with prefix caching: prompts that open alike (a saved voice's head and
 transcript, a built-in speaker's head) share those blocks and speak as an engine without
-the cache (codes equal, audio within 1e-5), as do a voice description's; a position is identified by everything its
+the cache (prefix_caching=False: it is on by default; codes equal, audio within 1e-5), as
+do a voice description's; a position is identified by everything its
 embedding row sums, so another x-vector or other reference codes part the prompts at that
 row; every block is given back."""
 
@@ -97,7 +98,7 @@ def test_a_saved_voice_is_computed_once_and_speaks_as_without_the_cache(engines,
     voice's whole blocks (role, think tags, x-vector, transcript: all before the sentence's
     text), no more, and its codes and audio are those of an engine without the cache."""
     cached = cached_engine(base_ckpt)
-    plain = engines(base_ckpt)
+    plain = engines(base_ckpt, prefix_caching=False)
     prompts = [_inputs(base_ckpt, voices["a"], s, non_streaming_mode) for s in SENTENCES]
     voice_len = min(_common(prompts[0], p) for p in prompts[1:])
     # The voice's rows reach past the x-vector into the transcript: several whole blocks.
@@ -123,7 +124,7 @@ def test_another_voice_shares_only_the_rows_before_it_differs(engines, cached_en
     voice content (the x-vector; the first reference frame when only the codes differ)
     are shared, and the speech is that voice's, as without the cache."""
     cached = cached_engine(base_ckpt)
-    plain = engines(base_ckpt)
+    plain = engines(base_ckpt, prefix_caching=False)
     text = "The same words in both voices."
     first = _inputs(base_ckpt, voices["a"], text, non_streaming_mode)
     second = _inputs(base_ckpt, voices[other], text, non_streaming_mode)
@@ -145,7 +146,7 @@ def test_a_builtin_speaker_shares_its_head_and_not_another_speakers(engines, cac
     """CustomVoice: the head (role, think tags, the speaker's codec id) is shared by the same
     speaker's sentences and, up to the speaker's row, by other speakers'."""
     cached = cached_engine(tiny_ckpt)
-    plain = engines(tiny_ckpt)
+    plain = engines(tiny_ckpt, prefix_caching=False)
     one = speech_inputs(tiny_ckpt, "Hello there, first.", "vivian", "english")
     two = speech_inputs(tiny_ckpt, "Another one, second.", "vivian", "english")
     other = speech_inputs(tiny_ckpt, "Another one, second.", "ryan", "english")
@@ -169,7 +170,7 @@ def test_a_voice_description_is_shared_and_another_is_not(engines, cached_engine
     ckpt = write_voice_design_checkpoint(tmp_path / "design")
     cfg = Qwen3TTSConfig.from_dict(load_config(ckpt))
     cached = cached_engine(ckpt)
-    plain = engines(ckpt)
+    plain = engines(ckpt, prefix_caching=False)
 
     def prompt(description: str, text: str) -> dict[str, torch.Tensor]:
         instruct = encode(load_tokenizer(ckpt), instruct_text(description))

@@ -119,5 +119,8 @@ def test_errors_carry_a_type_and_stats_snapshot(make_engine):
     assert res[0].error_type == "invalid_request"
     assert res[1].error_type == "too_large" and "KV pool holds 64" in res[1].error
     stats = engine.stats()
-    assert stats["kv"]["lm"] == {"used_blocks": 0, "total_blocks": 4, "block_bytes": 512 * 16}
+    # Prefix caching is on by default: the too-large prompt was looked up (100 positions)
+    # but never computed, so nothing entered the index.
+    assert stats["kv"]["lm"] == {"used_blocks": 0, "total_blocks": 4, "block_bytes": 512 * 16, "cached_blocks": 0,
+                                 "prefix_queried_tokens": 100, "prefix_hit_tokens": 0, "prefix_evictions": 0}
     assert stats["running"] == 0 and stats["waiting"] == 0

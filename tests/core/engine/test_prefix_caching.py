@@ -36,7 +36,7 @@ def _outputs(result) -> tuple[list[int], torch.Tensor, torch.Tensor]:
 def cold_engine(toy_ckpt):
     from mstar import Engine
 
-    engine = Engine.from_model("toy", weights=toy_ckpt)
+    engine = Engine.from_model("toy", weights=toy_ckpt, prefix_caching=False)  # cold: caching is on by default
     yield engine
     engine.close()
 

@@ -31,7 +31,7 @@ from mstar.model.precision import DTYPE_NAMES
 @click.option("--shm-threshold", default=None, type=int, hidden=True, help="Tensors of at least this many bytes go through shared memory.")
 @click.option("--device", default="cpu", show_default=True, help="Device of the default placement's groups.")
 @click.option("--dtype", default=None, type=click.Choice(sorted(DTYPE_NAMES), case_sensitive=False), help="Weights and activations: auto (default: the checkpoint's dtype on accelerators, float32 on CPU), bfloat16, float16 or float32, on any device. Nodes the plugin keeps in float32 (codecs) stay so.")
-@click.option("--prefix-caching/--no-prefix-caching", default=None, help="Share cached prompt prefixes between requests on every KV node (EngineConfig.prefix_caching; default off).")
+@click.option("--prefix-caching/--no-prefix-caching", default=None, help="Share cached prompt prefixes between requests on every KV node (EngineConfig.prefix_caching; default on: --no-prefix-caching turns it off).")
 @click.option("--restart-engines/--no-restart-engines", default=True, show_default=True, help="Restart a dead engine process (back-off 1 s doubling to 30 s).")
 @click.option("--max-engine-restarts", default=5, show_default=True, type=click.IntRange(min=0), help="Restarts per engine within --engine-restart-window; one more death and it stays down.")
 @click.option("--engine-restart-window", default=600.0, show_default=True, type=click.FloatRange(min=0), help="Seconds over which --max-engine-restarts counts (0: over the server's whole life).")

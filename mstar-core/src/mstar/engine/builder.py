@@ -52,8 +52,9 @@ class EngineConfig:
     # on CPU), "bfloat16", "float16" or "float32"; ModelSpec.float32_nodes always float32.
     dtype: str = "auto"
     nodes: tuple[str, ...] | None = None  # nodes placed in this engine; None = all
-    # KV nodes share cached prompt prefixes between requests (mstar.kv.prefix_cache).
-    prefix_caching: bool = False
+    # KV nodes share cached prompt prefixes between requests (mstar.kv.prefix_cache); on by
+    # default. A node opts out by returning None from ARNodeSubmodule.prefix_cache_keys.
+    prefix_caching: bool = True
     # With prefix_caching: host memory for stateless nodes' cached outputs (e.g. a media
     # encoder's, for an image a conversation re-sends); mstar.engine.output_cache.
     output_cache_bytes: int = 256 << 20

@@ -35,8 +35,11 @@ def ready_summary(runtime: Any, url: str) -> str:
         for g in runtime.placement.groups
     )
     kv = ", ".join(f"{node} {tokens:,} tokens{note}" for node, (tokens, note) in _kv_capacity(runtime).items()) or "none"
-    if kv != "none" and runtime.config.engine_options.get("prefix_caching"):
-        kv += " (prefix caching on)"
+    from mstar.engine.builder import EngineConfig
+
+    if kv != "none":
+        on = runtime.config.engine_options.get("prefix_caching", EngineConfig.prefix_caching)
+        kv += f" (prefix caching {'on' if on else 'off'})"
     return (
         f"mstar serve ready: model {model} [{installed.distribution} {installed.version}] from {runtime.checkpoint_dir} | "
         f"placement {groups} | KV capacity {kv} | {url}"
