@@ -133,3 +133,30 @@ def test_prompts_with_nothing_shared_get_no_hits(make_engine) -> None:
     engine = make_engine(prefix_caching=True, block_size=4)
     engine.run_batch([_request(torch.tensor(encode_text(f"{i} unrelated prompt {i * 7}", 256))) for i in range(4)])
     assert engine.core.stats.prefix_hit_tokens == 0
+
+
+
+def test_a_cache_recomputed_after_preemption_is_offered_for_sharing_again(make_engine, cold_engine) -> None:
+    """A request preempted mid-run recomputes its cache from its history; the recomputed
+    blocks enter the prefix index as if it had never been preempted, so its prompt sent
+    again maps them. The pool (12 blocks of 4) fits one request at a time: the older a
+    (24 + 24 positions) preempts the younger x (40 + 8) as it decodes and evicts every
+    block x had cached; x then recomputes and in turn evicts all of a's, so the last hit
+    can only come from x's recomputed blocks."""
+    engine = make_engine(prefix_caching=True, block_size=4, kv_budget_bytes=TOY_BYTES_PER_POSITION * 4 * 12,
+                         max_num_batched_tokens=8)
+    kv = engine.core.nodes["lm"].kv
+    a = torch.tensor(encode_text("the older one: twenty-four", 256)[:24])
+    x = torch.tensor(encode_text("the younger request, forty positions long", 256)[:40])
+    assert (len(a), len(x)) == (24, 40)
+    longer = {**SAMPLING, "main": {**SAMPLING["main"], "max_tokens": 24}}
+    first = engine.run_batch([{"inputs": {"prompt_ids": a}, "sampling": longer}, _request(x)])
+    assert engine.core.stats.preemptions > 0 and kv.prefix_cache.evictions > 0
+    assert len(first[0].cat("token")) == 24
+    _assert_same_as_cold(cold_engine, x, first[1], "x, recomputed after preemption")
+    hits = engine.core.stats.prefix_hit_tokens
+    again = engine.run_batch([_request(x)])[0]
+    # Every whole block of x's prompt but the one holding its last position (always computed).
+    assert engine.core.stats.prefix_hit_tokens - hits == (len(x) - 1) // 4 * 4
+    _assert_same_as_cold(cold_engine, x, again, "x, mapped from its recomputed blocks")
+    assert kv.num_free_blocks == kv.num_blocks

@@ -273,14 +273,19 @@ class EngineCore:
         if node.kind is EngineKind.KV_CACHE:
             assert node.kv is not None
             if row.replay:
-                if node.kv.num_tokens(req.id, "main") >= req.kv_history[node.name].length:
+                history = req.kv_history[node.name]
+                if node.kv.prefix_cache is not None:  # the recomputed blocks are shared again
+                    fed = node.kv.num_tokens(req.id, "main") - row.num_tokens
+                    node.kv.note_fed(req.id, "main", fed, history.identities(fed, row.num_tokens))
+                if node.kv.num_tokens(req.id, "main") >= history.length:
                     req.needs_replay.discard(node.name)
                 return
             start = row.prepared.done
             history = req.kv_history.get(node.name)
             if history is None:
                 history = req.kv_history[node.name] = KVHistory()
-            history.record(row.walk, row.prepared.info, row.prepared.inputs, start, start + row.num_tokens)  # type: ignore[arg-type]
+            history.record(row.walk, row.prepared.info, row.prepared.inputs, start, start + row.num_tokens,  # type: ignore[arg-type]
+                           row.prepared.cache_keys)
             if node.kv.prefix_cache is not None:
                 keys = row.prepared.cache_keys
                 fed = None if keys is None else keys[start : start + row.num_tokens]

@@ -5,7 +5,7 @@ start if it is preempted during the recompute.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from mstar.model.submodule_base import ARNodeInputs, CurrentForwardPassInfo
@@ -21,6 +21,9 @@ class _Segment:
     inputs: ARNodeInputs  # the step's full inputs, as prepared
     start: int
     end: int
+    # Prefix caching: the identity of each position of ``inputs`` (None: it has none), so a
+    # recomputed cache enters the prefix index again (``KVCacheManager.note_fed``).
+    keys: Sequence[Hashable] | None = None
 
     @property
     def plain(self) -> bool:
@@ -38,12 +41,17 @@ class KVHistory:
         self.length = 0  # positions fed so far
         self._runs: list[_Segment] | None = None  # recompute plan, built on first use
 
-    def record(self, walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs, start: int, end: int) -> None:
+    def record(
+        self, walk: str, info: CurrentForwardPassInfo, inputs: ARNodeInputs, start: int, end: int,
+        keys: Sequence[Hashable] | None = None,
+    ) -> None:
+        """Positions [start, end) of ``inputs`` were fed; ``keys``: the identities of all of
+        ``inputs``' positions for prefix caching (None: none)."""
         last = self._segments[-1] if self._segments else None
-        if last is not None and last.inputs is inputs and last.end == start:
+        if last is not None and last.inputs is inputs and last.end == start and last.keys is keys:
             last.end = end  # the next chunk of the same step
         else:
-            self._segments.append(_Segment(walk, info, inputs, start, end))
+            self._segments.append(_Segment(walk, info, inputs, start, end, keys))
         self.length += end - start
         self._runs = None
 
@@ -61,6 +69,23 @@ class KVHistory:
                 return split(run.walk, run.info, run.inputs, lo, hi)
             offset += size
         raise ValueError(f"position {position} is past the recorded history of {self.length}")
+
+    def identities(self, position: int, n: int) -> list[Hashable] | None:
+        """The prefix-caching identities of positions [position, position + n) of the
+        history; None when any of them has none."""
+        out: list[Hashable] = []
+        offset = 0
+        for seg in self._segments:
+            if offset >= position + n:
+                break
+            size = seg.end - seg.start
+            lo, hi = max(position, offset), min(position + n, offset + size)
+            if lo < hi:
+                if seg.keys is None:
+                    return None
+                out.extend(seg.keys[seg.start + lo - offset : seg.start + hi - offset])
+            offset += size
+        return out if len(out) == n else None
 
     def _plan(self) -> list[_Segment]:
         """Consecutive plain segments merged into one, so that recomputing a long decode

@@ -359,7 +359,7 @@ class Scheduler:
             prepared.done = hit
             # A preempted request recomputes these positions from its history like the rest.
             r.req.kv_history.setdefault(node.name, KVHistory()).record(
-                r.walk, prepared.info, prepared.inputs, 0, hit  # type: ignore[arg-type]
+                r.walk, prepared.info, prepared.inputs, 0, hit, prepared.cache_keys  # type: ignore[arg-type]
             )
             self.stats.prefix_hit_tokens += hit
         return hit
