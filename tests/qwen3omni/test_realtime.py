@@ -4,16 +4,21 @@ spoken turn (and a second, text turn on top of it) answered with the transcript 
 ``/v1/chat/completions`` gives for the same conversation and seed; text items answered in
 text; ``response.cancel`` frees every KV block at once; ``server_vad`` finds the turn's end
 in a clip with silence and answers; bad events are ``error`` events on a socket that stays;
-the API key; idle sessions closed. Every server event is validated against the ``openai``
-package's ``RealtimeServerEvent`` types."""
+the API key; idle sessions closed (after ``--realtime-idle-timeout``). ``response.done``'s
+usage counts the prompt's audio placeholders and the Talker's codec frames; input audio
+transcription gives what ``/v1/audio/transcriptions`` gives; GA's ``conversation.item.added``
+/ ``.done`` come where OpenAI sends them. Every server event is validated against the
+``openai`` package's ``RealtimeServerEvent`` types."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,10 +44,12 @@ SEEN: set[str] = set()  # event types received, each validated against the opena
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(omni_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("qwen3omni-realtime") / "server.log"
-    env = {"MSTAR_REALTIME_IDLE_S": str(IDLE_S), "MSTAR_MAX_MEDIA_AUDIO_SECONDS": "20"}
-    with omni_server(["--preprocess-workers", "0", "--api-key", KEY], log, env=env) as url:
+    # The option wins over the environment variable (which would keep idle sessions 15 min).
+    env = {"MSTAR_REALTIME_IDLE_S": "900", "MSTAR_MAX_MEDIA_AUDIO_SECONDS": "20"}
+    args = ["--preprocess-workers", "0", "--api-key", KEY, "--realtime-idle-timeout", str(IDLE_S)]
+    with omni_server(args, log, env=env, weights=omni_ckpt) as url:
         yield url
 
 
@@ -161,8 +168,9 @@ def test_spoken_turns_equal_chat_completions(client: openai.OpenAI) -> None:
         conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(TURN[: len(TURN) // 2]).decode()})
         conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(TURN[len(TURN) // 2 :]).decode()})
         conn.send({"type": "input_audio_buffer.commit"})
-        committed, created = recv(conn), recv(conn)
+        committed, created, added, done = (recv(conn) for _ in range(4))
         assert committed["type"] == "input_audio_buffer.committed" and created["type"] == "conversation.item.created"
+        assert added["type"] == "conversation.item.added" and done["type"] == "conversation.item.done" and done["item"] == created["item"]
         assert created["item"]["id"] == committed["item_id"] and created["item"]["content"][0]["type"] == "input_audio"
         first = answer(conn)
         conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
@@ -172,11 +180,12 @@ def test_spoken_turns_equal_chat_completions(client: openai.OpenAI) -> None:
     # 12 tokens (EOS ignored): ended by max_output_tokens, as OpenAI reports it.
     assert first["done"]["status"] == "incomplete" and first["done"]["status_details"]["reason"] == "max_output_tokens"
     assert first["done"]["seed"] == 11
-    assert first["done"]["usage"]["output_tokens"] == 12 and first["done"]["usage"]["input_tokens"] > 0
+    assert first["done"]["usage"]["output_token_details"]["text_tokens"] == 12 and first["done"]["usage"]["input_tokens"] > 0
     assert first["transcript"] and first["audio"] and not first["text"]
-    assert first["types"][:4] == ["response.created", "response.output_item.added", "conversation.item.created", "response.content_part.added"]
-    assert first["types"][-5:] == ["response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
-                                   "response.output_item.done", "response.done"]
+    assert first["types"][:5] == ["response.created", "response.output_item.added", "conversation.item.created", "conversation.item.added",
+                                  "response.content_part.added"]
+    assert first["types"][-6:] == ["response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
+                                   "conversation.item.done", "response.output_item.done", "response.done"]
     chat = chat_stream(client, MESSAGES, 11)
     assert first["transcript"] == chat["transcript"] and first["audio"] == chat["audio"]
     # The conversation (the spoken turn, the answer's transcript, the text) is the prompt.
@@ -201,6 +210,130 @@ def test_text_items_answered_in_text(client: openai.OpenAI) -> None:
     chat = client.chat.completions.create(model="qwen3omni", seed=5, temperature=0.9, max_tokens=10, messages=[
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about the sea."}])
     assert got["text"] == chat.choices[0].message.content
+
+
+def prompt_counts(ckpt: Path, samples_24k: int) -> tuple[int, int]:
+    """(prompt length, audio placeholders) of one user turn holding ``samples_24k`` samples,
+    by transformers' Qwen3-Omni processor: the audio is featurised at 16 kHz, so the clip is
+    a silent one of the resampled length (the count depends on the length alone)."""
+    from mstar_qwen3omni.processing import build_hf_processor
+
+    processor = build_hf_processor(ckpt)
+    chat = [{"role": "user", "content": [{"type": "audio"}]}]
+    text = processor.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    rate = processor.feature_extractor.sampling_rate
+    ids = processor(text=[text], audio=[np.zeros(samples_24k * rate // RATE, np.float32)], return_tensors="pt")["input_ids"][0]
+    return len(ids), int((ids == processor.tokenizer.convert_tokens_to_ids(processor.audio_token)).sum())
+
+
+def codec_frames(ckpt: Path, samples: int) -> int:
+    """Talker frames behind ``samples`` of Code2Wav audio: each frame is upsampled by the
+    product of the checkpoint's rates, less a trim shorter than one frame."""
+    cfg = json.loads((ckpt / "config.json").read_text())["code2wav_config"]
+    per_frame = math.prod(cfg["upsampling_ratios"]) * math.prod(cfg["upsample_rates"])
+    return math.ceil(samples / per_frame)
+
+
+def test_usage_counts_audio_tokens(client: openai.OpenAI, omni_ckpt: Path) -> None:
+    with client.realtime.connect(model="qwen3omni") as conn:
+        configure(conn, **SPOKEN)
+        conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(TURN).decode()})
+        conn.send({"type": "input_audio_buffer.commit"})
+        got = answer(conn)
+    usage = got["done"]["usage"]
+    prompt, audio_in = prompt_counts(omni_ckpt, len(TURN) // 2)
+    frames = codec_frames(omni_ckpt, len(got["audio"]) // 2)
+    assert audio_in > 0 and frames > 0
+    assert usage["input_tokens"] == prompt
+    assert usage["input_token_details"] == {"audio_tokens": audio_in, "text_tokens": prompt - audio_in}
+    assert usage["output_token_details"] == {"text_tokens": 12, "audio_tokens": frames}  # 12: max_output_tokens, EOS ignored
+    assert usage["output_tokens"] == 12 + frames and usage["total_tokens"] == prompt + 12 + frames
+
+
+def test_input_audio_transcription_equals_the_transcriptions_route(client: openai.OpenAI, omni_ckpt: Path) -> None:
+    trsc = {"model": "qwen3omni", "seed": 7, "temperature": 1.0, "max_tokens": 8}  # sampled: the seed decides the text
+    with client.realtime.connect(model="qwen3omni") as conn:
+        session = configure(conn, audio={"input": {"turn_detection": None, "transcription": trsc}})
+        assert session["audio"]["input"]["transcription"]["model"] == "qwen3omni"
+        conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(TURN).decode()})
+        conn.send({"type": "input_audio_buffer.commit"})
+        events = until(conn, "conversation.item.input_audio_transcription.completed")
+        item_id = events[0]["item_id"]
+        conn.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        retrieved = recv(conn)
+    route = client.audio.transcriptions.create(model="qwen3omni", file=("turn.wav", base64.b64decode(wav_b64(TURN)), "audio/wav"),
+                                               temperature=1.0, extra_body={"seed": 7, "max_tokens": 8})
+    done = events[-1]
+    deltas = "".join(e["delta"] for e in events if e["type"] == "conversation.item.input_audio_transcription.delta")
+    assert route.text and done["transcript"] == deltas == route.text and done["item_id"] == item_id
+    assert retrieved["type"] == "conversation.item.retrieved" and retrieved["item"]["content"][0]["transcript"] == route.text
+    _, audio_in = prompt_counts(omni_ckpt, len(TURN) // 2)
+    assert done["usage"]["output_tokens"] == route.usage.output_tokens and done["usage"]["input_tokens"] == route.usage.input_tokens
+    assert done["usage"]["input_token_details"]["audio_tokens"] == audio_in
+
+
+def test_no_transcription_unless_asked(client: openai.OpenAI) -> None:
+    with client.realtime.connect(model="qwen3omni") as conn:
+        session = configure(conn, audio={"input": {"turn_detection": None}})
+        assert session["audio"]["input"]["transcription"] is None
+        conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(TURN).decode()})
+        conn.send({"type": "input_audio_buffer.commit"})
+        committed = recv(conn)
+        conn.send({"type": "conversation.item.retrieve", "item_id": committed["item_id"]})
+        events = until(conn, "conversation.item.retrieved")
+        time.sleep(1)  # a transcription would have sent its events by now (a few tokens)
+        conn.send({"type": "conversation.item.retrieve", "item_id": committed["item_id"]})
+        later = recv(conn)
+    assert [e["type"] for e in events] == ["conversation.item.created", "conversation.item.added", "conversation.item.done",
+                                           "conversation.item.retrieved"]
+    assert later["type"] == "conversation.item.retrieved" and later["item"]["content"][0]["transcript"] is None
+
+
+def test_failed_transcription_is_an_event_and_the_session_stays(client: openai.OpenAI) -> None:
+    """A transcription prompt longer than the model's context (4096 positions on the tiny
+    checkpoint) fails in preprocessing, as it would over /v1/audio/transcriptions."""
+    with client.realtime.connect(model="qwen3omni") as conn:
+        configure(conn, audio={"input": {"turn_detection": None, "transcription": {"prompt": "word " * 5000}}})
+        conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(TURN).decode()})
+        conn.send({"type": "input_audio_buffer.commit"})
+        events = until(conn, "conversation.item.input_audio_transcription.failed")
+        conn.send({"type": "conversation.item.retrieve", "item_id": events[0]["item_id"]})
+        retrieved = recv(conn)
+    failed = events[-1]
+    assert failed["item_id"] == events[0]["item_id"] and failed["error"]["code"] == "context_length_exceeded"
+    assert retrieved["type"] == "conversation.item.retrieved" and retrieved["item"]["content"][0]["transcript"] is None
+
+
+def test_items_added_and_done_where_openai_sends_them(client: openai.OpenAI) -> None:
+    with client.realtime.connect(model="qwen3omni") as conn:
+        configure(conn, output_modalities=["text"], seed=4, max_output_tokens=3, audio={"input": {"turn_detection": None}})
+        conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                               "content": [{"type": "input_text", "text": "Hi."}]}})
+        created = [recv(conn) for _ in range(3)]
+        conn.send({"type": "response.create"})
+        events = until(conn, "response.done")
+    assert [e["type"] for e in created] == ["conversation.item.created", "conversation.item.added", "conversation.item.done"]
+    assert created[0]["item"] == created[1]["item"] == created[2]["item"] and created[2]["item"]["status"] == "completed"
+    kinds = [e["type"] for e in events]
+    added, done = events[kinds.index("conversation.item.added")], events[kinds.index("conversation.item.done")]
+    final = events[-1]["response"]["output"][0]
+    assert kinds.index("response.output_item.added") < kinds.index("conversation.item.added") < kinds.index("response.content_part.added")
+    assert kinds.index("response.content_part.done") < kinds.index("conversation.item.done") < kinds.index("response.output_item.done")
+    assert added["item"]["id"] == final["id"] and added["item"]["status"] == "in_progress"
+    assert added["previous_item_id"] == done["previous_item_id"] == created[0]["item"]["id"]
+    assert done["item"] == final and final["status"] == "incomplete"  # 3 tokens: max_output_tokens
+
+
+def test_idle_timeout_option_reads_the_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+    from mstar.cli.serve import serve
+
+    assert "--realtime-idle-timeout" in CliRunner().invoke(serve, ["--help"]).output
+    monkeypatch.setenv("MSTAR_REALTIME_IDLE_S", "42")
+    assert serve.make_context("serve", ["toy"]).params["realtime_idle_timeout"] == 42.0
+    assert serve.make_context("serve", ["toy", "--realtime-idle-timeout", "7"]).params["realtime_idle_timeout"] == 7.0
+    monkeypatch.delenv("MSTAR_REALTIME_IDLE_S")
+    assert serve.make_context("serve", ["toy"]).params["realtime_idle_timeout"] == 600.0
 
 
 def metric(server: str, name: str) -> float:
@@ -280,7 +413,7 @@ def test_speech_during_an_answer_cancels_it(client: openai.OpenAI, server: str) 
         events = until(conn, "response.done")
         kinds = [e["type"] for e in events]
         assert kinds.index("input_audio_buffer.speech_stopped") < kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
-        assert events[-1]["response"]["status"] == "incomplete" and events[-1]["response"]["usage"]["output_tokens"] == 4
+        assert events[-1]["response"]["status"] == "incomplete" and events[-1]["response"]["usage"]["output_token_details"]["text_tokens"] == 4
         deadline = time.monotonic() + 5  # the long answer's blocks were freed by the barge-in
         while metric(server, "mstar_kv_blocks_used") and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -329,6 +462,11 @@ def test_bad_events_are_error_events_and_the_session_stays(server: str) -> None:
         ({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(2 * RATE * 21)).decode()}, "input_audio_buffer_full", "audio"),
         ({"type": "response.cancel"}, "response_cancel_not_active", None),
         ({"type": "response.create"}, "conversation_empty", None),
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "whisper-1"}}}}},
+         "model_not_supported", "session.audio.input.transcription.model"),
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"temperature": 5}}}}},
+         None, "session.audio.input.transcription.temperature"),
+        ({"type": "conversation.item.retrieve", "item_id": "nope"}, "item_not_found", "item_id"),
         ({"type": "conversation.item.truncate", "item_id": "nope", "content_index": 0, "audio_end_ms": 0}, "item_not_found", "item_id"),
         ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "output_audio"}]}},
          None, "item.content.0.type"),
@@ -376,4 +514,8 @@ def test_every_event_matched_the_openai_types() -> None:
     assert {"session.created", "session.updated", "input_audio_buffer.committed", "input_audio_buffer.speech_started",
             "input_audio_buffer.speech_stopped", "conversation.item.created", "response.created", "response.output_audio.delta",
             "response.output_audio_transcript.delta", "response.output_text.delta", "response.output_audio.done",
-            "response.output_audio_transcript.done", "response.output_text.done", "response.done", "error"} <= SEEN
+            "response.output_audio_transcript.done", "response.output_text.done", "response.done", "error",
+            "conversation.item.added", "conversation.item.done", "conversation.item.retrieved",
+            "conversation.item.input_audio_transcription.delta", "conversation.item.input_audio_transcription.completed",
+            "conversation.item.input_audio_transcription.failed"} <= SEEN
+

@@ -59,6 +59,7 @@ ALLOWED_DOMAINS_ENV = "MSTAR_ALLOWED_MEDIA_DOMAINS"
 # Processor tensor -> the media kind whose encoder walk consumes it.
 MEDIA_OF_TENSOR = {"input_features": "audio", "pixel_values": "image", "pixel_values_videos": "video"}
 AUDIO_SIGNAL = "audio"
+CODES_SIGNAL = "codes"  # the Talker's codec frames, one per step
 SAMPLE_RATE = 24000  # Code2Wav's output rate
 DEFAULT_VOICE = "ethan"
 SPEECH_SYSTEM_PROMPT = "Read the user's message aloud exactly as written, word for word, adding nothing."
@@ -95,7 +96,7 @@ class OmniChatAdapter(TextLMAdapter):
     def __init__(
         self, checkpoint_dir: str | Path, text_config: Mapping[str, Any], node: str, limits: MediaLimits,
         speakers: Sequence[str] = (),
-        media_kinds: Sequence[str] = ("audio", "image", "video"),
+        media_kinds: Sequence[str] = ("audio", "image", "video"), audio_token_id: int | None = None,
     ) -> None:
         # transformers formats this model's chats with its processor: its template files first.
         super().__init__(checkpoint_dir, text_config, node=node, template_from="processor")
@@ -103,10 +104,12 @@ class OmniChatAdapter(TextLMAdapter):
         self.media_kinds = tuple(media_kinds)  # what the checkpoint has encoders for
         self._preprocessor: Any = None
         self.speakers = tuple(speakers)
+        self.audio_token_id = audio_token_id  # the prompt's audio placeholder
         if self.speakers:  # a checkpoint with a Talker speaks
             self.endpoints = frozenset({CHAT, COMPLETIONS, SPEECH})
             self.chat_audio = True
             self.audio_signal = AUDIO_SIGNAL
+            self.audio_codes_signal = CODES_SIGNAL
             self.sample_rate = SAMPLE_RATE
         if "audio" in self.media_kinds:  # an audio encoder transcribes
             self.endpoints = self.endpoints | {TRANSCRIPTION, TRANSLATION}
@@ -126,6 +129,13 @@ class OmniChatAdapter(TextLMAdapter):
     def _speaking(self, req: EngineRequest, voice: str | None, param: str) -> EngineRequest:
         req.kwargs.update(modalities=["text", "audio"], voice=self.audio_voice(voice, param))
         return req
+
+    def prompt_audio_tokens(self, request: EngineRequest) -> int | None:
+        """The prompt's audio placeholders: one per audio-encoder output frame."""
+        prompt = request.inputs.get(PROMPT)
+        if self.audio_token_id is None or prompt is None:
+            return None
+        return int((prompt == self.audio_token_id).sum())
 
     @property
     def preprocessor(self) -> Any:

@@ -389,7 +389,10 @@ def mstar_api_adapter(model_name: str, config: dict, checkpoint_dir: Path | None
         raise ValueError("the Qwen3-Omni API adapter needs the checkpoint directory (tokenizer, chat template, processor)")
     # A checkpoint with a Talker answers in speech too (chat audio, /v1/audio/speech).
     speakers = speaker_names(config) if has_speech(config) else ()
-    return OmniChatAdapter(checkpoint_dir, text_view(config), THINKER, limits_from_env(), speakers, media_kinds(config))
+    from mstar_qwen3omni.config import MultimodalTokens
+
+    audio_id = MultimodalTokens.from_config(config).audio_token_id
+    return OmniChatAdapter(checkpoint_dir, text_view(config), THINKER, limits_from_env(), speakers, media_kinds(config), audio_id)
 
 
 @hookimpl

@@ -111,6 +111,9 @@ class ApiAdapter:
     #: Output signal carrying text tokens (chat), and audio samples (speech, chat audio).
     text_signal: str | None = None
     audio_signal: str | None = None
+    #: Output signal carrying the audio's codec frames (one value per frame), for usage
+    #: counts (``/v1/realtime``'s ``output_token_details.audio_tokens``); None: not counted.
+    audio_codes_signal: str | None = None
     sample_rate: int | None = None
     #: The node OpenAI sampling fields apply to (default: the first sampling node).
     sampling_node: str | None = None
@@ -217,6 +220,11 @@ class ApiAdapter:
 
     def count_tokens(self, value: torch.Tensor) -> int:
         return int(value.numel())
+
+    def prompt_audio_tokens(self, request: EngineRequest) -> int | None:
+        """How many of ``request``'s prompt positions hold audio (placeholders the audio
+        encoder fills); None: the model does not say (usage then omits the split)."""
+        return None
 
     def token_text(self, token_id: int) -> str:
         """One token as text, for logprobs (``token`` in OpenAI's shape)."""

@@ -40,11 +40,25 @@ class ServerVad(BaseModel):
     interrupt_response: bool = True
 
 
+class InputTranscription(BaseModel):
+    """``audio.input.transcription``: transcribe each committed user audio item with the
+    served model (as ``/v1/audio/transcriptions``). ``model``: this session's model (or
+    left out); besides OpenAI's ``language`` and ``prompt``, M*'s sampling fields
+    (``seed``, ``temperature``, ...) and ``max_tokens``, as the transcriptions route takes."""
+
+    model_config = _LENIENT
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
 class AudioInput(BaseModel):
     model_config = _LENIENT
 
     format: AudioFormat | None = None
     turn_detection: ServerVad | None = None  # null turns it off (set explicitly)
+    transcription: InputTranscription | None = None  # null turns it off (set explicitly)
 
 
 class AudioOutput(BaseModel):
@@ -158,6 +172,12 @@ class ItemDelete(BaseModel):
     item_id: str
 
 
+class ItemRetrieve(BaseModel):
+    model_config = _LENIENT
+    type: Literal["conversation.item.retrieve"]
+    item_id: str
+
+
 class ResponseCreate(BaseModel):
     model_config = _LENIENT
     type: Literal["response.create"]
@@ -172,7 +192,7 @@ class ResponseCancel(BaseModel):
 
 CLIENT_EVENTS: dict[str, type[BaseModel]] = {
     m.model_fields["type"].annotation.__args__[0]: m  # type: ignore[union-attr]
-    for m in (SessionUpdate, AudioAppend, AudioCommit, AudioClear, ItemCreate, ItemTruncate, ItemDelete,
+    for m in (SessionUpdate, AudioAppend, AudioCommit, AudioClear, ItemCreate, ItemTruncate, ItemDelete, ItemRetrieve,
               ResponseCreate, ResponseCancel)
 }
 

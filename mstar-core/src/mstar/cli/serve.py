@@ -24,6 +24,7 @@ from mstar.model.precision import DTYPE_NAMES
 @click.option("--max-concurrency", default=64, show_default=True, type=click.IntRange(min=1), help="Requests running at once; more wait in a queue.")
 @click.option("--max-queue", default=512, show_default=True, type=click.IntRange(min=0), help="Requests waiting beyond --max-concurrency; more get 429.")
 @click.option("--request-timeout", default=600.0, show_default=True, type=float, help="Seconds before a request is aborted (0: none).")
+@click.option("--realtime-idle-timeout", default=600.0, show_default=True, envvar="MSTAR_REALTIME_IDLE_S", type=click.FloatRange(min=0, min_open=True), help="Seconds a /v1/realtime session may go without a client event while no response runs; then it is closed (env MSTAR_REALTIME_IDLE_S).")
 @click.option("--max-body-bytes", default=32 << 20, show_default=True, type=int, help="Larger request bodies get 413.")
 @click.option("--preprocess-workers", default=None, type=click.IntRange(min=0), help="Preprocess pool size (0: preprocess inline).")
 @click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE", help="An EngineConfig field, e.g. kv_budget_bytes=67108864 (repeatable).")
@@ -56,7 +57,7 @@ def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | N
           max_stream_buffer_total_bytes: int = 256 << 20,
           placement_backend: str = "local", ray_address: str | None = None,
           voices_dir: str | None = None, voice_max_bytes: int = 10 << 20, voice_max_seconds: float = 30.0,
-          prefix_caching: bool | None = None) -> None:
+          prefix_caching: bool | None = None, realtime_idle_timeout: float = 600.0) -> None:
     """Serve MODEL over HTTP with an OpenAI-compatible API.
 
     MODEL is an installed model's name or alias (then give --weights or --random-weights),
@@ -82,6 +83,7 @@ def serve(model_arg: str | None, models: tuple[str, ...], models_config: str | N
     config = ServerConfig(
         model=given[0] if given else "", weights=weights, revision=revision, served_model_names=list(served_model_names), random_weights=random_weights, placement=placement, host=host, port=port,
         api_key=api_key, max_concurrency=max_concurrency, max_queue=max_queue, request_timeout_s=request_timeout,
+        realtime_idle_s=realtime_idle_timeout,
         max_body_bytes=max_body_bytes, log_level=log_level, device=device, engine_options=_parse_options(engine_options), engine_threads=engine_threads,
         restart_engines=restart_engines, max_engine_restarts=max_engine_restarts, engine_restart_window_s=engine_restart_window,
         max_header_bytes=max_header_bytes, header_timeout_s=header_timeout, body_timeout_s=body_timeout, max_connections=max_connections,

@@ -23,6 +23,8 @@ class ServerConfig:
     max_concurrency: int = 64
     max_queue: int = 512
     request_timeout_s: float = 600.0
+    # A /v1/realtime session with no client event and no response running this long is closed.
+    realtime_idle_s: float = field(default_factory=lambda: float(os.environ.get("MSTAR_REALTIME_IDLE_S", "600")))
     max_body_bytes: int = 32 << 20
     log_level: str = "info"
     device: str = "cpu"

@@ -3,12 +3,13 @@
 output tracking), its outputs as OpenAI's ``response.*`` events.
 
 Events, in order: ``response.created``; once the request runs in the engines,
-``response.output_item.added`` and ``conversation.item.created`` (the assistant item,
-``in_progress``), ``response.content_part.added``; then per batch of engine outputs a
+``response.output_item.added``, ``conversation.item.created`` and (GA) ``conversation.item.added``
+(the assistant item, ``in_progress``), ``response.content_part.added``; then per batch of engine outputs a
 ``response.output_audio_transcript.delta`` (or ``response.output_text.delta`` for a text
 answer) and a ``response.output_audio.delta`` (base64 PCM16 24 kHz), in the order the engines
-produced them; then the ``.done`` events, ``response.content_part.done``,
-``response.output_item.done`` and ``response.done`` with ``status``, ``usage`` and the seed.
+produced them; then the ``.done`` events, ``response.content_part.done``, ``conversation.item.done`` (the
+item final), ``response.output_item.done`` and ``response.done`` with ``status``, ``usage``
+(``realtime_usage``) and the seed.
 A cancelled response (``response.cancel``, or speech starting with ``server_vad``) stops
 at once: its request is aborted in the engines (its cache blocks freed), and what it said
 so far stays in the conversation as an ``incomplete`` item.
@@ -33,6 +34,7 @@ from mstar.api.sampling import request_sampling
 from mstar.server.execution import Execution
 from mstar.server.output_tracker import OutputTracker
 from mstar.server.realtime_conversation import Conversation, Item, Part, new_id
+from mstar.server.realtime_usage import AudioTokenCounter, response_usage
 from mstar.server.runtime import ServerRuntime
 from mstar.server.text_output import stop_strings
 
@@ -60,6 +62,7 @@ class Response:
     cancel_reason: str | None = None  # set before the task is cancelled
     task: asyncio.Task | None = None
     item: Item | None = None
+    previous_item_id: str | None = None  # the item before ``item`` in the conversation
     usage: dict[str, Any] | None = None
     seed: int | None = None
     status: str = "in_progress"
@@ -82,24 +85,28 @@ async def run_response(rt: ServerRuntime, resp: Response, conv: Conversation, co
     await send({"type": "response.created", "response": resp.public(conversation_id)})
     ex = Execution(rt, CHAT, prefix="resp")
     out: OutputTracker | None = None
+    frames = AudioTokenCounter(rt.adapter)
     try:
         adapter = rt.adapter
         sampling = request_sampling(req, max_tokens=("max_output_tokens", req.max_tokens))
-        signals = [s for s in (adapter.text_signal, adapter.audio_signal if resp.plan.audio else None) if s]
+        audio_signals = (adapter.audio_signal, adapter.audio_codes_signal) if resp.plan.audio else ()
+        signals = [s for s in (adapter.text_signal, *audio_signals) if s]  # codes: only counted (usage)
         await ex.start(req, sampling, signals)
         resp.seed = ex.seed
         out = OutputTracker(rt, ex, adapter.text_decoder(), stop_strings(sampling.main.get("stop")))
         part = Part("output_audio" if resp.plan.audio else "output_text", transcript="" if resp.plan.audio else None,
                     text=None if resp.plan.audio else "")
         resp.item = Item(new_id("item"), "assistant", [part], status="in_progress")
-        previous = conv.add(resp.item) if resp.plan.in_conversation else None
+        previous = resp.previous_item_id = conv.add(resp.item) if resp.plan.in_conversation else None
         where = {"response_id": resp.id, "item_id": resp.item.id, "output_index": 0, "content_index": 0}
         await send({"type": "response.output_item.added", "response_id": resp.id, "output_index": 0, "item": resp.item.public()})
         if resp.plan.in_conversation:
             await send({"type": "conversation.item.created", "previous_item_id": previous, "item": resp.item.public()})
+            await send({"type": "conversation.item.added", "previous_item_id": previous, "item": resp.item.public()})
         await send({"type": "response.content_part.added", **where, "part": _part(part)})
         async for batch in ex.batches():
             text, audio = out.consume(batch)
+            frames.feed(batch)
             await _deltas(send, where, part, text, audio)
             if out.text.stopped:
                 ex.stop()
@@ -122,7 +129,8 @@ async def run_response(rt: ServerRuntime, resp: Response, conv: Conversation, co
         await send({"type": "error", **error_event(err)})
     finally:
         ex.close()  # aborts the request in the engines if it still runs: its blocks are freed
-    await _finish(resp, out, ex, conversation_id, send)
+    counted = frames.signal is not None or not resp.plan.audio  # else the audio went out uncounted
+    await _finish(resp, out, ex, frames.frames if counted else None, conversation_id, send)
 
 
 async def _deltas(send: Send, where: dict[str, Any], part: Part, text: str, audio: list[np.ndarray]) -> None:
@@ -138,7 +146,7 @@ async def _deltas(send: Send, where: dict[str, Any], part: Part, text: str, audi
         await send({"type": "response.output_audio.delta", **where, "delta": base64.b64encode(pcm).decode()})
 
 
-async def _finish(resp: Response, out: OutputTracker | None, ex: Execution, conversation_id: str, send: Send) -> None:
+async def _finish(resp: Response, out: OutputTracker | None, ex: Execution, frames: int | None, conversation_id: str, send: Send) -> None:
     item = resp.item
     if item is not None:
         part = item.parts[0]
@@ -150,11 +158,10 @@ async def _finish(resp: Response, out: OutputTracker | None, ex: Execution, conv
         else:
             await send({"type": "response.output_text.done", **where, "text": part.text or ""})
         await send({"type": "response.content_part.done", **where, "part": _part(part)})
+        if resp.plan.in_conversation:
+            await send({"type": "conversation.item.done", "previous_item_id": resp.previous_item_id, "item": item.public()})
         await send({"type": "response.output_item.done", "response_id": resp.id, "output_index": 0, "item": item.public()})
-    prompt = ex.engine_request.prompt_tokens if ex.engine_request else 0
-    tokens = out.tokens if out is not None else 0
-    resp.usage = {"total_tokens": prompt + tokens, "input_tokens": prompt, "output_tokens": tokens,
-                  "input_token_details": {"cached_tokens": 0}, "output_token_details": {"text_tokens": tokens, "audio_tokens": 0}}
+    resp.usage = response_usage(ex.rt.adapter, ex.engine_request, out.tokens if out is not None else 0, frames)
     await send({"type": "response.done", "response": resp.public(conversation_id)})
 
 

@@ -19,6 +19,7 @@ from mstar.api.protocol import ChatCompletionRequest
 from mstar.api.sampling import request_sampling, resolve_sampling
 from mstar.server.realtime_conversation import RATE, Conversation, Item, Part, new_id, truncated
 from mstar.server.realtime_response import Response, ResponsePlan, error_event, run_response
+from mstar.server.realtime_transcription import transcribe, transcription_request
 from mstar.server.realtime_vad import Vad, vad_available
 from mstar.server.routes_chat import check_chat_request
 from mstar.server.runtime import ServerRuntime
@@ -40,6 +41,8 @@ class Session:
         self.sampling: dict[str, Any] = {}  # M*'s sampling fields, as a chat request takes them
         self.turn_detection: ev.ServerVad | None = _DEFAULT_VAD if vad_available() else None
         self.vad: Vad | None = None
+        self.transcription: ev.InputTranscription | None = None  # None: committed audio is not transcribed
+        self.transcribing: set[asyncio.Task] = set()
         self.conversation = Conversation()
         self.buffer = bytearray()  # committed audio leaves it
         self.buffer_start_ms = 0  # of the buffer's first byte, in session audio time
@@ -67,7 +70,8 @@ class Session:
         return {
             "type": "realtime", "object": "realtime.session", "id": self.id, "model": self.rt.model_name,
             "output_modalities": self.modalities, "instructions": self.instructions or "",
-            "audio": {"input": {"format": fmt, "turn_detection": td, "transcription": None, "noise_reduction": None},
+            "audio": {"input": {"format": fmt, "turn_detection": td,
+                                "transcription": self.transcription.model_dump(exclude_none=True) if self.transcription else None, "noise_reduction": None},
                       "output": {"format": fmt, "voice": self.voice, "speed": 1.0}},
             "max_output_tokens": self.max_output_tokens, "tools": [], "tool_choice": "auto", **self.sampling,
         }
@@ -115,6 +119,9 @@ class Session:
         elif isinstance(event, ev.ItemDelete):
             del self.conversation.items[self.conversation.index(event.item_id, "item_id")]
             await self.send({"type": "conversation.item.deleted", "item_id": event.item_id})
+        elif isinstance(event, ev.ItemRetrieve):  # as OpenAI: the item with its transcripts (never audio data)
+            item = self.conversation.items[self.conversation.index(event.item_id, "item_id")]
+            await self.send({"type": "conversation.item.retrieved", "item": item.public()})
         elif isinstance(event, ev.ResponseCreate):
             self.start_response(event.response or ev.ResponseConfig())
         elif isinstance(event, ev.ResponseCancel):
@@ -134,11 +141,15 @@ class Session:
         # The settings must make a valid chat request: checked now, not when a response fails.
         self._plan(self.instructions, modalities, voice, max_tokens, sampling, None, "session.")
         inp = cfg.audio.input if cfg.audio and cfg.audio.input else None
+        if inp is not None and inp.transcription is not None:
+            transcription_request(self.rt, inp.transcription)  # a bad setting fails now (changing nothing), not per item
         if inp is not None and "turn_detection" in inp.model_fields_set:
             if inp.turn_detection is not None and not vad_available():
                 raise ApiError(400, "server_vad needs the silero-vad package (pip install 'mstar-core[vad]'); set turn_detection to null",
                                param="session.audio.input.turn_detection", code="vad_unavailable")
             self.turn_detection, self.vad = inp.turn_detection, None
+        if inp is not None and "transcription" in inp.model_fields_set:
+            self.transcription = inp.transcription
         if cfg.instructions is not None:
             self.instructions = cfg.instructions
         self.modalities, self.voice, self.sampling, self.max_output_tokens = modalities, voice, sampling, max_tokens
@@ -216,7 +227,17 @@ class Session:
         item = Item(item_id or new_id("item"), "user", [Part("input_audio", pcm=pcm)])
         previous = self.conversation.add(item)
         await self.send({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
-        await self.send({"type": "conversation.item.created", "previous_item_id": previous, "item": item.public()})
+        await self._announce(item, previous)
+        if self.transcription is not None:
+            task = asyncio.create_task(transcribe(self.rt, self.transcription, item.parts[0], item.id, self.send))
+            self.transcribing.add(task)
+            task.add_done_callback(self.transcribing.discard)
+
+    async def _announce(self, item: Item, previous: str | None) -> None:
+        """A complete item joined the conversation: ``created`` (beta name, kept), then GA's
+        ``added`` and ``done`` (nothing more will change it but a transcription)."""
+        for kind in ("conversation.item.created", "conversation.item.added", "conversation.item.done"):
+            await self.send({"type": kind, "previous_item_id": previous, "item": item.public()})
 
     # ---- conversation -------------------------------------------------------------------
     async def _create_item(self, event: ev.ItemCreate) -> None:
@@ -244,7 +265,7 @@ class Session:
                 parts.append(Part("output_audio", transcript=p.transcript or ""))
         item = Item(item_in.id or new_id("item"), item_in.role, parts)
         previous = self.conversation.add(item, event.previous_item_id)
-        await self.send({"type": "conversation.item.created", "previous_item_id": previous, "item": item.public()})
+        await self._announce(item, previous)
 
     async def _truncate(self, event: ev.ItemTruncate) -> None:
         item = self.conversation.items[self.conversation.index(event.item_id, "item_id")]
@@ -295,6 +316,7 @@ class Session:
 
     async def close(self) -> None:
         resp = self.response
-        if resp is not None and resp.task is not None:
-            resp.task.cancel()
-            await asyncio.gather(resp.task, return_exceptions=True)
+        tasks = [*self.transcribing, *([resp.task] if resp is not None and resp.task is not None else [])]
+        for task in tasks:
+            task.cancel()  # their engine requests are aborted: the blocks freed
+        await asyncio.gather(*tasks, return_exceptions=True)

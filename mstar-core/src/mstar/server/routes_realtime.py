@@ -6,25 +6,27 @@ picks the model (default: the first that hears). JSON text frames both ways; aud
 base64 PCM16 mono at 24 kHz both ways (the model's preprocessing resamples its input).
 
 Client events: ``session.update``, ``input_audio_buffer.append`` / ``commit`` / ``clear``,
-``conversation.item.create`` / ``truncate`` / ``delete``, ``response.create``,
+``conversation.item.create`` / ``truncate`` / ``delete`` / ``retrieve``, ``response.create``,
 ``response.cancel``. Server events: ``session.created`` / ``session.updated``,
 ``input_audio_buffer.committed`` / ``cleared`` / ``speech_started`` / ``speech_stopped``,
-``conversation.item.created`` / ``truncated`` / ``deleted``, the ``response.*`` events
-(``realtime_response``) and ``error`` (OpenAI's shape, ``error.event_id`` naming the client
-event; the session stays open).
+``conversation.item.created`` (beta) with GA's ``added`` / ``done``, ``truncated`` /
+``deleted`` / ``retrieved``, ``conversation.item.input_audio_transcription.*`` (when the
+session asks, ``realtime_transcription``), the ``response.*`` events (``realtime_response``;
+usage in ``realtime_usage``) and ``error`` (OpenAI's shape, ``error.event_id`` naming the
+client event; the session stays open).
 
 Limits as elsewhere: the API key (``Authorization: Bearer KEY``, or the subprotocol
 ``openai-insecure-api-key.KEY`` from a browser); each response is admitted like a request
 (a full server is an ``error`` event, code ``queue_full``); the input buffer holds at most
 the model's ``max_audio_seconds`` (an append beyond it is an error, the buffer kept); a
-session with no client event and no response running for ``MSTAR_REALTIME_IDLE_S`` seconds
-(default 600) is closed (code 1000, after an ``error`` event ``session_idle_timeout``).
+session with no client event and no response running for ``mstar serve
+--realtime-idle-timeout`` seconds (default: env ``MSTAR_REALTIME_IDLE_S``, else 600) is
+closed (code 1000, after an ``error`` event ``session_idle_timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -43,10 +45,6 @@ MAX_BUFFER_S = 600.0
 
 def hears(rt: ServerRuntime) -> bool:
     return rt.adapter.serves(CHAT) and rt.adapter.serves(TRANSCRIPTION)
-
-
-def idle_seconds() -> float:
-    return float(os.environ.get("MSTAR_REALTIME_IDLE_S", "600"))
 
 
 async def realtime(runtimes: list[ServerRuntime], ws: WebSocket, resolve: Callable[[str], ServerRuntime], model: str | None) -> None:
@@ -74,7 +72,7 @@ async def realtime(runtimes: list[ServerRuntime], ws: WebSocket, resolve: Callab
         return
     session = Session(rt, ws, min(rt.adapter.max_audio_seconds, MAX_BUFFER_S))
     await session.send({"type": "session.created", "session": session.public()})
-    idle = idle_seconds()
+    idle = rt.config.realtime_idle_s
     try:
         while True:
             try:
