@@ -326,7 +326,7 @@ class KVCacheManager:
             return
         bs = self.block_size
         if identities is None or start != len(state.keys) * bs + len(state.pending):
-            state.cacheable = False  # e.g. a cache recomputed after preemption
+            state.cacheable = False  # positions fed out of order or not noted: stop sharing here
             state.pending = []
             return
         state.pending.extend(identities)
