@@ -2,12 +2,12 @@
 shape, from what the engines report (nothing estimated):
 
 - ``input_tokens``: the prompt's length; ``input_token_details.audio_tokens`` the prompt
-  positions that hold audio (the adapter's ``prompt_audio_tokens``: Qwen3-Omni's audio
-  placeholders, one per audio-encoder frame), ``text_tokens`` the rest (the chat template's
+  positions that hold audio (the adapter's ``prompt_audio_tokens``: e.g. an omni model's
+  audio placeholders, one per audio-encoder frame), ``text_tokens`` the rest (the chat template's
   tokens and audio boundary markers included). No split when the adapter does not say.
 - ``output_tokens``: ``output_token_details.text_tokens`` (the tokens of the text signal:
   the Thinker's) plus ``audio_tokens`` (codec frames on the adapter's
-  ``audio_codes_signal``: Qwen3-Omni's Talker frames, its codec EOS not counted; 0 for a
+  ``audio_codes_signal``: e.g. a talker's frames, its codec EOS not counted; 0 for a
   text answer, left out for a spoken one of a model without such a signal).
 - ``cached_tokens`` is left out: the engines do not report prefix-cache hits per request.
 """
