@@ -1,7 +1,7 @@
 """``mstar serve --config tp2.yaml``: the text LM fixture's group run as two tensor-parallel
 ranks (two processes, gloo), over HTTP equal to transformers greedy; a follower rank killed
 mid-request fails the request with an error, the group restarts as a unit and serves the
-same answer again."""
+same answer again; beside it, another model's group keeps serving throughout."""
 
 from __future__ import annotations
 
@@ -124,3 +124,71 @@ def test_a_killed_rank_fails_its_request_and_the_group_restarts(server, expected
     assert "GroupFailure" in health["engines"]["lm"]["last_exit"] or "collective failed" in server.log_tail(200)
     assert follower_pid(server) != old
     assert generate(server) == expected
+
+
+@pytest.fixture(scope="module")
+def two_models(site: Path, ckpt: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The same checkpoint served twice: "tp" on two ranks, "single" on one device."""
+    folder = tmp_path_factory.mktemp("tp-two-models")
+    (folder / "tp2.yaml").write_text("groups:\n  lm: {device: cpu, nodes: [lm], tensor_parallel: 2}\n")
+    (folder / "models.yaml").write_text(
+        "models:\n"
+        f"  - {{model: tinyqwen3, weights: {ckpt}, served_model_names: [tp], placement: tp2.yaml, preprocess_workers: 0}}\n"
+        f"  - {{model: tinyqwen3, weights: {ckpt}, served_model_names: [single], preprocess_workers: 0}}\n"
+    )
+    srv = ServerProcess(["--models-config", str(folder / "models.yaml")], folder / "server.log",
+                        env=with_site(site, OMP_NUM_THREADS="1"))
+    srv.start(timeout=300)
+    yield srv
+    try:
+        srv.stop()
+    finally:
+        srv.kill_all()
+
+
+def test_other_groups_keep_serving_while_a_tensor_parallel_group_fails(two_models, expected) -> None:
+    import httpx
+
+    client = openai.OpenAI(base_url=f"{two_models.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    long = {"prompt": PROMPT, "max_tokens": 300, "temperature": 0, "stream": True, "extra_body": {"ignore_eos": True}}
+    old = follower_pid(two_models)
+    doomed = client.completions.create(model="tp", **long)
+    beside = client.completions.create(model="single", **long)
+    next(iter(doomed))
+    first = next(iter(beside))
+    os.kill(old, signal.SIGKILL)
+    with pytest.raises(openai.APIError):
+        for _ in doomed:
+            pass
+    # The other model's request, running when the rank died, goes on to its end.
+    text = first.choices[0].text + "".join(chunk.choices[0].text for chunk in beside if chunk.choices)
+    assert client.completions.create(model="single", prompt=PROMPT, max_tokens=300, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text == text
+    # And it answers new requests, exactly, while the failed group restarts.
+    served_during = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        tp = httpx.get(f"{two_models.url}/health", params={"model": "tp"}, timeout=10)
+        if tp.status_code == 200 and tp.json()["engines"]["lm"]["restarts"] >= 1:
+            break
+        got = client.completions.create(model="single", prompt=PROMPT, max_tokens=TOKENS, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        served_during.append(got.choices[0].text)
+    health = httpx.get(f"{two_models.url}/health", timeout=10).json()
+    assert health["models"]["tp"]["engines"]["lm"]["restarts"] == 1, two_models.log_tail()
+    assert all(e["restarts"] == 0 for e in health["models"]["single"]["engines"].values())
+    assert served_during, "the group restarted before a request could be sent beside it"
+    assert len(set(served_during)) == 1  # the same greedy answer every time
+    assert follower_pid(two_models) != old
+    assert generate_on(two_models, "tp") == expected == generate_on(two_models, "single")
+
+
+def generate_on(server: ServerProcess, model: str) -> list[int]:
+    import httpx
+    from mstar.api.tensors import tensor_from_json
+
+    body = {"model": model, "inputs": {"prompt_ids": PROMPT}, "signals": ["tokens"],
+            "sampling": {"temperature": 0, "max_tokens": TOKENS, "ignore_eos": True}}
+    r = httpx.post(f"{server.url}/v1/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return tensor_from_json(r.json()["outputs"]["tokens"], "tokens").reshape(-1).tolist()
