@@ -1,4 +1,4 @@
-"""Seed 001's serving shape on Qwen3-Omni's tiny checkpoint: the Thinker group (Thinker and
+"""A replicated placement (docs/serving.md, replicas) on Qwen3-Omni's tiny checkpoint: the Thinker group (Thinker and
 both encoders, one partition) runs as two replicas, the Talker and Code2Wav in a third
 process, and a routing plugin (tests/fixtures/plugins/route_modality, pip-installed) sends
 spoken requests to one Thinker replica and text-only ones to the other."""

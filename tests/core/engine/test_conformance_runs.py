@@ -16,7 +16,7 @@ def test_toy_passes_every_check_including_run_checks():
 
 
 def test_piecewise_signature_drift_fails_at_load_time():
-    # Seed 000: a capture function that lost an argument killed serving at warm-up.
+    # A capture function that lost an argument used to kill serving at warm-up; it must fail at load.
     cfg = PiecewiseGraphConfig("head", lambda static_inputs: {}, ("hidden",), uses_sampler=True)
     with pytest.raises(TypeError, match="'head'.*capture_fn must accept"):
         check_calling_convention(cfg)
