@@ -94,7 +94,13 @@ def _rank(model: str, rank: int, size: int, port: int, ckpt: str, kv_budget: int
     try:
         engine = _engine(model, Path(ckpt), kv_budget, tensor_parallel_size=size, tensor_parallel_rank=rank,
                          tensor_parallel_init=f"tcp://127.0.0.1:{port}")
-        heads = engine.core.nodes[KV_NODE[model][0]].kv.num_kv_heads
+        from mstar.parallel.shard import VocabParallelEmbedding
+
+        sub = engine.core.nodes[KV_NODE[model][0]].submodule
+        # This rank's key/value heads, and the rows it holds of each split token embedding.
+        heads = (engine.core.nodes[KV_NODE[model][0]].kv.num_kv_heads,
+                 {n: (m.start, m.weight.shape[0], m.num_embeddings) for n, m in sub.named_modules()
+                  if isinstance(m, VocabParallelEmbedding)})
         if rank == 0:
             got = _run(engine, model, requests)
             engine.close()
@@ -159,12 +165,16 @@ def test_two_ranks_equal_one_device(model: str, preempt: bool, request: pytest.F
     want = _run(one, model, requests)
     one.close()
     got = _tensor_parallel(model, ckpt, one_budget // 2, requests)
-    _assert_equal(got, want, preempt)
+    _assert_equal(got, want, preempt, set() if model == "qwen3tts" else {"model.embed_tokens"})  # its tables have other names
 
 
-def _assert_equal(got: dict[int, tuple], want: dict, preempt: bool) -> None:
-    (heads0, lead), (heads1, follower) = got[0], got[1]
+def _assert_equal(got: dict[int, tuple], want: dict, preempt: bool, embeddings: set[str]) -> None:
+    ((heads0, tables0), lead), ((heads1, tables1), follower) = got[0], got[1]
     assert heads0 == heads1 == 1  # each rank holds one of the two key/value heads
+    # The token embedding (where the node has one named embed_tokens): each rank half of it.
+    assert tables0.keys() == tables1.keys() == embeddings
+    for name, (start, rows, full) in tables0.items():
+        assert (start, rows) == (0, full // 2) and tables1[name] == (full // 2, full // 2, full)
     assert lead["tokens"] == want["tokens"] and lead["codes"] == want["codes"]
     assert all(len(t) > 0 for t in lead["tokens"])
     for steps, want_steps in zip(lead["logits"], want["logits"], strict=True):
@@ -216,4 +226,4 @@ def test_qwen3omni_thinker_and_talker_on_two_ranks(qwen3omni_ckpt: Path, preempt
     want = _run(one, "qwen3omni", requests)
     one.close()
     assert all(len(c) > 0 for c in want["codes"]) and all(a is not None for a in want["audio"])
-    _assert_equal(_tensor_parallel("qwen3omni", qwen3omni_ckpt, budget // 2, requests), want, preempt)
+    _assert_equal(_tensor_parallel("qwen3omni", qwen3omni_ckpt, budget // 2, requests), want, preempt, {"lm.model.embed_tokens"})

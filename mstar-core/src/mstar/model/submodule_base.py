@@ -375,7 +375,8 @@ class ARNodeSubmodule(NodeSubmodule):
             or inputs.kwargs
         ):
             return None
-        return inputs.input_ids.reshape(-1).tolist()
+        ids = inputs.input_ids  # a decode step's one id: no reshape, which costs more than tolist
+        return (ids if ids.dim() == 1 else ids.reshape(-1)).tolist()
 
     def chunk_unit(self) -> int:
         """Chunked prefill and cache recompute end every chunk on a multiple of this many

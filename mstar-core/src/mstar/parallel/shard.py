@@ -8,21 +8,28 @@ MLP, a top-level ``lm_head``) into their rank's part:
   (``num_kv_heads / N``; with fewer key/value heads than ranks, the one its query heads share,
   so it is held by several ranks); ``o_proj`` becomes row-parallel (a sum over ranks);
 - gated MLP: ``intermediate / N`` columns of gate and up, ``down_proj`` row-parallel;
+- ``embed_tokens`` (an ``nn.Embedding`` of that name at any depth, HF's name for the token
+  embedding): ``vocab / N`` rows; each rank looks up the ids in its rows, zeros for the rest,
+  and the ranks' lookups are summed (one term is nonzero, so the sum is the row itself). The
+  node must use it by calling it, or its weight only through ``vocab_logits`` (a tied head);
 - ``lm_head``: ``vocab / N`` rows, the logits gathered so every rank has all of them (each
   rank's sampler then draws the same tokens from the same seeds), whether the node calls the
-  module or passes its weight to ``mstar.layers.vocab_logits``; a head tied to the
-  embeddings gets its own rows (the embeddings stay whole). A node computing logits from the
-  weight any other way must not have a module named ``lm_head``.
+  module or passes its weight to ``mstar.layers.vocab_logits``; a head tied to a split
+  ``embed_tokens`` shares its rows (the same parameter), a head tied to any other embedding
+  gets its own. A node computing logits from the weight any other way must not have a module
+  named ``lm_head``.
 
-Embeddings, norms and every other module stay whole on every rank. The full checkpoint is
-read on each rank and sliced here (transiently one node's full weights per rank).
-Numerics: a row-parallel layer sums N partial products, a different order than one device,
-so outputs differ from N = 1 by float rounding (about 1e-6 relative in float32).
+Other embeddings (codec codebooks, a plugin's own names), norms and every other module stay
+whole on every rank. The full checkpoint is read on each rank and sliced here (transiently
+one node's full weights per rank). Numerics: a row-parallel layer sums N partial products, a
+different order than one device, so outputs differ from N = 1 by float rounding (about 1e-6
+relative in float32); the embeddings are exact (up to the sign of a zero).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mstar.layers.attention import PagedSelfAttention
@@ -65,6 +72,29 @@ class GatheredColumnLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_gather(linear(x, self.weight, self.bias), dim=-1)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """This rank's rows of an embedding table: ids outside them look up zeros, and the
+    ranks' lookups are summed, so every rank gets every id's row. Its weight carries the
+    group (``mstar_tensor_parallel``), so a head tied to it gathers its logits through
+    ``mstar.layers.vocab_logits``."""
+
+    def __init__(self, full: nn.Embedding, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        if full.max_norm is not None:
+            raise ValueError("an embedding with max_norm cannot be split over tensor-parallel ranks")
+        self.tp = tp
+        self.num_embeddings, self.embedding_dim = full.num_embeddings, full.embedding_dim
+        self.weight = nn.Parameter(_part(full.weight.data, 0, tp), requires_grad=False)
+        self.weight.mstar_tensor_parallel = tp  # type: ignore[attr-defined]
+        self.start = tp.rank * self.weight.shape[0]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        rows = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0.0))
 
 
 def _part(t: torch.Tensor, dim: int, tp: TensorParallelGroup) -> torch.Tensor:
@@ -134,11 +164,12 @@ def _shard_mlp(mlp: GatedMLP, tp: TensorParallelGroup) -> None:
 
 
 def shard_module(module: nn.Module, tp: TensorParallelGroup) -> dict[str, int]:
-    """Rewrite ``module``'s attention, gated MLPs and ``lm_head`` into this rank's part;
-    how many of each. A module with none of them stays whole (replicated). A plugin's own
-    module opts in with ``shard_tensor_parallel(tp) -> "attention" | "mlp"`` (e.g. calling
-    ``shard_attention_heads``): it shards itself, and says what it was."""
-    counts = {"attention": 0, "mlp": 0, "lm_head": 0}
+    """Rewrite ``module``'s attention, gated MLPs, ``embed_tokens`` and ``lm_head`` into this
+    rank's part; how many of each. A module with none of them stays whole (replicated). A
+    plugin's own module opts in with ``shard_tensor_parallel(tp) -> "attention" | "mlp" |
+    "embedding"`` (e.g. calling ``shard_attention_heads``): it shards itself, and says what
+    it was."""
+    counts = {"attention": 0, "mlp": 0, "embedding": 0, "lm_head": 0}
     for sub in list(module.modules()):
         custom = getattr(sub, "shard_tensor_parallel", None)
         if custom is not None:
@@ -149,9 +180,19 @@ def shard_module(module: nn.Module, tp: TensorParallelGroup) -> dict[str, int]:
         elif isinstance(sub, GatedMLP):
             _shard_mlp(sub, tp)
             counts["mlp"] += 1
+    split: dict[int, nn.Parameter] = {}  # id(a split table's full weight) -> this rank's rows
+    for parent in list(module.modules()):  # the token embedding, at any depth
+        table = parent._modules.get("embed_tokens")
+        if type(table) is nn.Embedding and table.num_embeddings % tp.size == 0:
+            parent.embed_tokens = VocabParallelEmbedding(table, tp)
+            split[id(table.weight)] = parent.embed_tokens.weight
+            counts["embedding"] += 1
     for parent in list(module.modules()):  # a head named lm_head at any depth
         head = parent._modules.get("lm_head")
         if isinstance(head, nn.Linear):
-            parent.lm_head = GatheredColumnLinear(head, tp)  # a tied head gets its own rows
+            sharded = GatheredColumnLinear(head, tp)
+            if id(head.weight) in split:  # tied to a split embedding: the same rows, held once
+                sharded.weight = split[id(head.weight)]
+            parent.lm_head = sharded
             counts["lm_head"] += 1
     return counts
