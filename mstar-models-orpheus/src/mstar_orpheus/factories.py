@@ -12,7 +12,7 @@ from mstar_orpheus.config import SNAC_DIR
 def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str, dtype: Any = None) -> Any:
     """``dtype``: core's choice (``--dtype``; default float32)."""
     import torch
-    from mstar.weights import load_weights
+    from mstar.weights import load_weights, materialize
 
     from mstar_orpheus.lm_node import OrpheusLM
 
@@ -23,7 +23,7 @@ def build_lm(config: dict[str, Any], checkpoint_dir: Path | None, device: str, d
         return lm.to(device=device, dtype=dtype)
     with torch.device("meta"):  # no random init of weights about to be overwritten
         lm = OrpheusLM(config).to(dtype)
-    lm = lm.to_empty(device=device)
+    lm = materialize(lm, device)  # on a tensor-parallel rank: its part only
     # Derived buffers some exports carry, and a tied head's duplicate, are not loaded.
     ignore = (r"rotary_emb\.inv_freq$", *((r"^lm_head\.weight$",) if lm.tied else ()))
     load_weights(lm, checkpoint_dir, ignore=ignore)

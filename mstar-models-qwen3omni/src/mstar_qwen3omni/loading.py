@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mstar.weights import load_weights
+from mstar.weights import load_weights, materialize
 
 from mstar_qwen3omni.checkpoint_keys import THINKER_KEYS
 from mstar_qwen3omni.thinker_node import ThinkerNode
@@ -22,6 +22,6 @@ def build_thinker(config: dict[str, Any], checkpoint_dir: Path | None, device: s
         return node.to(device=device, dtype=dtype)
     with torch.device("meta"):  # no random init of weights about to be overwritten
         node = ThinkerNode(config, dtype).to(dtype)
-    node = node.to_empty(device=device)
+    node = materialize(node, device)  # on a tensor-parallel rank: its part only
     load_weights(node.lm, checkpoint_dir, **THINKER_KEYS)
     return node

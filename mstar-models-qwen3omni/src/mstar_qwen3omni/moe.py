@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from mstar.parallel.shard import split_parameter
 from torch import nn
 
 
@@ -34,9 +35,9 @@ class SparseMoeBlock(nn.Module):
         part, a = self.intermediate // tp.size, tp.rank * (self.intermediate // tp.size)
         if part * tp.size != self.intermediate:
             raise ValueError(f"moe intermediate size {self.intermediate} does not split over {tp.size} ranks")
-        gate_up, i = self.gate_up.data, self.intermediate
-        self.gate_up = nn.Parameter(torch.cat([gate_up[:, a : a + part], gate_up[:, i + a : i + a + part]], 1), requires_grad=False)
-        self.down = nn.Parameter(self.down.data[:, :, a : a + part].clone(), requires_grad=False)
+        i = self.intermediate  # split_parameter records the spans: a rank reads only its part
+        split_parameter(self, "gate_up", self.gate_up, 1, ((a, a + part), (i + a, i + a + part)))
+        split_parameter(self, "down", self.down, 2, ((a, a + part),))
         self.intermediate, self.tensor_parallel = part, tp
         return "mlp"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mstar.weights import CheckpointMismatchError, SafetensorsSource, load_weights
+from mstar.weights import CheckpointMismatchError, SafetensorsSource, load_weights, materialize
 
 from mstar_qwen3omni.checkpoint_keys import CODE2WAV_KEYS, TALKER_KEYS
 from mstar_qwen3omni.code2wav import Code2Wav
@@ -25,7 +25,7 @@ def build_talker(config: dict[str, Any], checkpoint_dir: Path | None, device: st
         return node.to(device=device, dtype=dtype)
     with torch.device("meta"):  # no random init of weights about to be overwritten
         node = TalkerNode(config, dtype, prefill_walks).to(dtype)
-    node = node.to_empty(device=device)
+    node = materialize(node, device)  # on a tensor-parallel rank: its part only
     load_weights(node.lm, checkpoint_dir, **TALKER_KEYS)
     node.tts_embeds.copy_(thinker_embedding_rows(Path(checkpoint_dir), [node.cfg.tts_bos_id, node.cfg.tts_eos_id, node.cfg.tts_pad_id]))
     return node

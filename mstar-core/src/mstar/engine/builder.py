@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from mstar.model.submodule_base import ARNodeSubmodule, NodeSubmodule
 from mstar.parallel.group import init_tensor_parallel
 from mstar.parallel.shard import local_kv_heads, shard_module
 from mstar.sampling import MultiSampler
+from mstar.weights.sharding import sharded_build
 
 log = logging.getLogger(__name__)
 
@@ -142,15 +145,18 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
     dtypes = node_dtypes(engine_config.dtype, config, device, placed, spec.float32_nodes)
     nodes: dict[str, LoadedNode] = {}
     for name in placed:
-        sub = build_node(name, factories[name], config, checkpoint_dir, device, dtypes[name], engine_config.dtype)
-        sub.eval()
         is_kv = graph.nodes[name].kind is EngineKind.KV_CACHE
+        # A tensor-parallel KV node is split while its factory builds it (materialize /
+        # load_weights), so the rank reads and holds only its part of each split tensor.
+        with sharded_build(functools.partial(shard_module, tp=tp)) if tp is not None and is_kv else contextlib.nullcontext():
+            sub = build_node(name, factories[name], config, checkpoint_dir, device, dtypes[name], engine_config.dtype)
+        sub.eval()
         if is_kv and not isinstance(sub, ARNodeSubmodule):
             raise TypeError(f"KV-cache node {name!r} must be an ARNodeSubmodule, got {type(sub).__name__}")
-        layout = sub.kv_cache_layout() if is_kv else None  # the whole model's, asked before any split
+        layout = sub.kv_cache_layout() if is_kv else None  # the whole model's (from its config)
         split_heads = False
         if tp is not None and is_kv:  # encoders, codecs: whole on each rank
-            counts = shard_module(sub, tp)
+            counts = shard_module(sub, tp)  # what the factory's loading did not split yet, and counts
             log.info("node %s: rank %d of %d holds %s", name, tp.rank, tp.size, counts)
             # Attention it could not split (a plugin's own class without
             # shard_tensor_parallel) stays whole, and so does its cache.

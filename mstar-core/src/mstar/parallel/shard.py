@@ -1,8 +1,11 @@
 """Split a loaded node's shared layers over a tensor-parallel group, in place.
 
-Plugins build their nodes as for one device; after loading, the engine calls
-``shard_module``, which rewrites the modules it knows (``mstar.layers``' attention and gated
-MLP, a top-level ``lm_head``) into their rank's part:
+Plugins build their nodes as for one device; the engine calls ``shard_module``, which
+rewrites the modules it knows (``mstar.layers``' attention and gated MLP, ``embed_tokens``,
+``lm_head``) into their rank's part: while the factory builds the node (its
+``mstar.weights.materialize`` or ``load_weights`` call, ``mstar.weights.sharding``), so the
+rank reads only its part of each split tensor from the checkpoint, and again after the
+factory returns, for a factory that calls neither:
 
 - attention: each rank keeps ``num_heads / N`` query heads and the key/value heads they read
   (``num_kv_heads / N``; with fewer key/value heads than ranks, the one its query heads share,
@@ -20,8 +23,8 @@ MLP, a top-level ``lm_head``) into their rank's part:
   named ``lm_head``.
 
 Other embeddings (codec codebooks, a plugin's own names), norms and every other module stay
-whole on every rank. The full checkpoint is read on each rank and sliced here (transiently
-one node's full weights per rank). Numerics: a row-parallel layer sums N partial products, a
+whole on every rank. Each split parameter records what it holds (``split_parameter``:
+``mstar_shards``). Numerics: a row-parallel layer sums N partial products, a
 different order than one device, so outputs differ from N = 1 by float rounding (about 1e-6
 relative in float32); the embeddings are exact (up to the sign of a zero).
 """
@@ -38,17 +41,32 @@ from mstar.layers.packed_linear import linear
 from mstar.parallel.group import TensorParallelGroup
 
 
-class RowParallelLinear(nn.Module):
+class _Split(nn.Module):
+    """A module holding this rank's part of a linear or embedding: its weight carries the
+    group under ``_mark`` (code computing from the parameter reads it), put back whenever
+    ``to``/``to_empty`` replace the parameter."""
+
+    _mark = ""
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        super()._apply(fn, recurse)
+        setattr(self.weight, self._mark, self.tp)
+        return self
+
+
+class RowParallelLinear(_Split):
     """This rank's input columns of a linear; the partial products summed over the ranks,
     the bias added once after the sum. Its weight carries the group
     (``mstar_row_parallel``), so model code that computes the layer from its parameters
     through ``mstar.layers.packed_linear.linear`` sums too."""
 
+    _mark = "mstar_row_parallel"
+
     def __init__(self, full: nn.Linear, tp: TensorParallelGroup) -> None:
         super().__init__()
         self.tp = tp
-        self.weight = nn.Parameter(_part(full.weight.data, 1, tp), requires_grad=False)
-        self.weight.mstar_row_parallel = tp  # type: ignore[attr-defined]
+        split_parameter(self, "weight", full.weight, 1, equal_part(full.weight.shape[1], tp))
+        setattr(self.weight, self._mark, tp)
         # Registered even when None, as nn.Linear does: model code reads _parameters["bias"].
         bias = None if full.bias is None else nn.Parameter(full.bias.data.clone(), requires_grad=False)
         self.register_parameter("bias", bias)
@@ -57,28 +75,34 @@ class RowParallelLinear(nn.Module):
         return linear(x, self.weight, self.bias)
 
 
-class GatheredColumnLinear(nn.Module):
+class GatheredColumnLinear(_Split):
     """This rank's output rows of a linear; the outputs gathered along the last dim. Its
     weight carries the group (``mstar_tensor_parallel``), so a node that computes its logits
     from the weight (``mstar.layers.vocab_logits``) gathers them too."""
 
+    _mark = "mstar_tensor_parallel"
+
     def __init__(self, full: nn.Linear, tp: TensorParallelGroup) -> None:
         super().__init__()
         self.tp = tp
-        self.weight = nn.Parameter(_part(full.weight.data, 0, tp), requires_grad=False)
-        self.weight.mstar_tensor_parallel = tp  # type: ignore[attr-defined]
-        bias = None if full.bias is None else nn.Parameter(_part(full.bias.data, 0, tp), requires_grad=False)
-        self.register_parameter("bias", bias)
+        rows = equal_part(full.weight.shape[0], tp)
+        split_parameter(self, "weight", full.weight, 0, rows)
+        setattr(self.weight, self._mark, tp)
+        self.register_parameter("bias", None)
+        if full.bias is not None:
+            split_parameter(self, "bias", full.bias, 0, rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_gather(linear(x, self.weight, self.bias), dim=-1)
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(_Split):
     """This rank's rows of an embedding table: ids outside them look up zeros, and the
     ranks' lookups are summed, so every rank gets every id's row. Its weight carries the
     group (``mstar_tensor_parallel``), so a head tied to it gathers its logits through
     ``mstar.layers.vocab_logits``."""
+
+    _mark = "mstar_tensor_parallel"
 
     def __init__(self, full: nn.Embedding, tp: TensorParallelGroup) -> None:
         super().__init__()
@@ -86,9 +110,10 @@ class VocabParallelEmbedding(nn.Module):
             raise ValueError("an embedding with max_norm cannot be split over tensor-parallel ranks")
         self.tp = tp
         self.num_embeddings, self.embedding_dim = full.num_embeddings, full.embedding_dim
-        self.weight = nn.Parameter(_part(full.weight.data, 0, tp), requires_grad=False)
-        self.weight.mstar_tensor_parallel = tp  # type: ignore[attr-defined]
-        self.start = tp.rank * self.weight.shape[0]
+        rows = equal_part(full.num_embeddings, tp)
+        split_parameter(self, "weight", full.weight, 0, rows)
+        setattr(self.weight, self._mark, tp)
+        self.start = rows[0][0]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
@@ -97,21 +122,38 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0.0))
 
 
-def _part(t: torch.Tensor, dim: int, tp: TensorParallelGroup) -> torch.Tensor:
-    n = t.shape[dim]
+Spans = tuple[tuple[int, int], ...]
+
+
+def equal_part(n: int, tp: TensorParallelGroup) -> Spans:
+    """This rank's span of ``n`` split evenly over the ranks."""
     if n % tp.size:
-        raise ValueError(f"cannot split {n} along dim {dim} over {tp.size} tensor-parallel ranks")
-    return t.narrow(dim, tp.rank * (n // tp.size), n // tp.size).clone()
+        raise ValueError(f"cannot split {n} over {tp.size} tensor-parallel ranks")
+    part = n // tp.size
+    return ((tp.rank * part, (tp.rank + 1) * part),)
 
 
-def _rows(full: nn.Linear, spans: list[tuple[int, int]]) -> nn.Linear:
+def split_parameter(module: nn.Module, name: str, full: torch.Tensor, dim: int, spans: Spans) -> nn.Parameter:
+    """Set ``module.<name>`` to the ``spans`` of ``full`` along ``dim``, side by side, and
+    record it in ``module.mstar_shards`` (``mstar.weights.sharding``): on the meta device
+    (a ``materialize``d build) nothing is copied, and ``load_weights`` then reads only these
+    spans from the checkpoint. For a plugin's own module's ``shard_tensor_parallel``."""
+    pieces = [full.data.narrow(dim, a, b - a) for a, b in spans]
+    param = nn.Parameter(torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0].clone(), requires_grad=False)
+    setattr(module, name, param)
+    shards = module.__dict__.setdefault("mstar_shards", {})
+    shards[name] = (tuple(full.shape), dim, tuple(spans))
+    return param
+
+
+def _rows(full: nn.Linear, spans: Spans) -> nn.Linear:
     """A linear keeping the given row spans of ``full``'s output, in order."""
-    weight = torch.cat([full.weight.data[a:b] for a, b in spans])
-    out = nn.Linear(full.in_features, weight.shape[0], bias=full.bias is not None, device=weight.device, dtype=weight.dtype)
-    out.weight.data.copy_(weight)
+    size = sum(b - a for a, b in spans)
+    out = nn.Linear(full.in_features, size, bias=full.bias is not None, device="meta")
+    split_parameter(out, "weight", full.weight, 0, spans)
     if full.bias is not None:
-        out.bias.data.copy_(torch.cat([full.bias.data[a:b] for a, b in spans]))
-    return out.requires_grad_(False)
+        split_parameter(out, "bias", full.bias, 0, spans)
+    return out
 
 
 def local_kv_heads(num_kv_heads: int, size: int) -> int:
@@ -165,28 +207,30 @@ def _shard_mlp(mlp: GatedMLP, tp: TensorParallelGroup) -> None:
 
 def shard_module(module: nn.Module, tp: TensorParallelGroup) -> dict[str, int]:
     """Rewrite ``module``'s attention, gated MLPs, ``embed_tokens`` and ``lm_head`` into this
-    rank's part; how many of each. A module with none of them stays whole (replicated). A
-    plugin's own module opts in with ``shard_tensor_parallel(tp) -> "attention" | "mlp" |
-    "embedding"`` (e.g. calling ``shard_attention_heads``): it shards itself, and says what
-    it was."""
-    counts = {"attention": 0, "mlp": 0, "embedding": 0, "lm_head": 0}
+    rank's part; how many of each it holds split. A module with none of them stays whole
+    (replicated). A plugin's own module opts in with ``shard_tensor_parallel(tp) ->
+    "attention" | "mlp" | "embedding"`` (e.g. calling ``shard_attention_heads`` or
+    ``split_parameter``): it shards itself, and says what it was. Idempotent: what is split
+    already stays as it is (the engine may split a node during its factory's loading,
+    ``mstar.weights.sharding``, and calls this again after)."""
     for sub in list(module.modules()):
+        if getattr(sub, "mstar_split", None) is not None:
+            continue
         custom = getattr(sub, "shard_tensor_parallel", None)
         if custom is not None:
-            counts[custom(tp)] += 1
+            sub.mstar_split = custom(tp)
         elif isinstance(sub, PagedSelfAttention):
             shard_attention_heads(sub, tp)
-            counts["attention"] += 1
+            sub.mstar_split = "attention"
         elif isinstance(sub, GatedMLP):
             _shard_mlp(sub, tp)
-            counts["mlp"] += 1
+            sub.mstar_split = "mlp"
     split: dict[int, nn.Parameter] = {}  # id(a split table's full weight) -> this rank's rows
     for parent in list(module.modules()):  # the token embedding, at any depth
         table = parent._modules.get("embed_tokens")
         if type(table) is nn.Embedding and table.num_embeddings % tp.size == 0:
             parent.embed_tokens = VocabParallelEmbedding(table, tp)
             split[id(table.weight)] = parent.embed_tokens.weight
-            counts["embedding"] += 1
     for parent in list(module.modules()):  # a head named lm_head at any depth
         head = parent._modules.get("lm_head")
         if isinstance(head, nn.Linear):
@@ -194,5 +238,13 @@ def shard_module(module: nn.Module, tp: TensorParallelGroup) -> dict[str, int]:
             if id(head.weight) in split:  # tied to a split embedding: the same rows, held once
                 sharded.weight = split[id(head.weight)]
             parent.lm_head = sharded
-            counts["lm_head"] += 1
+    counts = {"attention": 0, "mlp": 0, "embedding": 0, "lm_head": 0}
+    for sub in module.modules():
+        kind = getattr(sub, "mstar_split", None)
+        if isinstance(sub, VocabParallelEmbedding):
+            kind = "embedding"
+        elif isinstance(sub, GatheredColumnLinear):
+            kind = "lm_head"
+        if kind is not None:
+            counts[kind] += 1
     return counts

@@ -6,11 +6,14 @@ files, ``WeightNormFolded`` for weight-norm pairs), with a key prefix, other com
 keys skipped, renames, fused/split projections (``Packed``), stacked tensors
 (``Stacked``) and tied parameters; one ``CheckpointMismatchError`` lists every problem
 before anything is copied, and tensors are cast one at a time as they are copied.
+``materialize(module, device)`` replaces ``module.to_empty(device=...)`` after a meta-device
+build: on a tensor-parallel rank it keeps only the rank's part (``mstar.weights.sharding``).
 """
 
 from mstar.weights.errors import CheckpointMismatchError
 from mstar.weights.loader import check_weights, load_weights
 from mstar.weights.plan import Packed, Stacked
+from mstar.weights.sharding import materialize
 from mstar.weights.sources import (
     INDEX_FILE,
     SINGLE_FILE,
@@ -33,5 +36,6 @@ __all__ = [
     "WeightNormFolded",
     "check_weights",
     "load_weights",
+    "materialize",
     "torch_file",
 ]

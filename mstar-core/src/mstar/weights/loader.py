@@ -11,7 +11,8 @@ from torch import nn
 
 from mstar.weights.errors import mismatch_error
 from mstar.weights.names import checkpoint_names
-from mstar.weights.plan import Packed, Plan, Stacked, make_plan, tied_groups
+from mstar.weights.plan import Packed, Piece, Plan, Stacked, make_plan, tied_groups
+from mstar.weights.sharding import shard_if_building, shard_specs
 from mstar.weights.sources import SafetensorsSource, TensorSource
 
 
@@ -45,21 +46,48 @@ def load_weights(
     of the model is ever held.
     """
     source = _source(checkpoint)
+    shard_if_building(module)  # a tensor-parallel rank: its part of the module, read as such
     state = module.state_dict()
     if any(t.is_meta for t in state.values()):
         raise ValueError(f"{type(module).__name__} has tensors on the meta device: call to_empty() before loading")
+    whole, parts = _whole_shapes(module, state)
     try:
-        plan = _checked_plan(module, state, source, prefix, skip, ignore, renames, packed, stacked)
+        plan = _checked_plan(module, whole, source, prefix, skip, ignore, renames, packed, stacked)
         order = {key: i for i, key in enumerate(source.keys())}
         pieces = sorted(plan.pieces, key=lambda p: order[p.key])  # file by file
         bar = _progress(len(pieces), f"loading {prefix.rstrip('.') or type(module).__name__} weights")
         with torch.no_grad():
             for piece in pieces:
-                piece.target.copy_(source.read(piece.key, piece.index))
+                base = piece.target if piece.target._base is None else piece.target._base
+                part = parts.get(id(base))
+                if part is None:
+                    piece.target.copy_(source.read(piece.key, piece.index))
+                else:
+                    read_part(source, piece, base, *part)
                 bar.update(1)
         bar.close()
     finally:
         source.close()
+
+
+def _whole_shapes(module: nn.Module, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[int, tuple]]:
+    """``state`` with each split parameter (``mstar.weights.sharding``) replaced by a
+    meta-device stand-in of the whole tensor, which the plan matches against the checkpoint;
+    and, by the stand-in's id, what it stands for: (the rank's tensor, dim, spans)."""
+    specs = shard_specs(module)
+    if not specs:
+        return state, {}
+    params = dict(module.named_parameters(remove_duplicate=False))
+    whole, parts, by_param = dict(state), {}, {}
+    for name, (shape, dim, spans) in specs.items():
+        if name not in state:
+            continue
+        key = id(params.get(name, state[name]))  # tied names share one stand-in
+        if key not in by_param:
+            by_param[key] = torch.empty(shape, dtype=state[name].dtype, device="meta")
+            parts[id(by_param[key])] = (state[name], dim, spans)
+        whole[name] = by_param[key]
+    return whole, parts
 
 
 def check_weights(
@@ -105,3 +133,51 @@ def _progress(total: int, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, disable=None, leave=False)
+
+
+def read_part(source: TensorSource, piece: Piece, whole: torch.Tensor, local: torch.Tensor, dim: int,
+              spans: tuple[tuple[int, int], ...]) -> None:
+    """Copy the rank's share of ``piece`` (which fills a view of ``whole``, the meta stand-in
+    of a split tensor) into ``local``, the rank's tensor holding ``spans`` of ``whole`` along
+    ``dim`` side by side, reading only those rows or columns from the source."""
+    view = piece.target
+    starts, dims = _view_layout(view, whole)
+    j = dims[dim]  # the view's dim along the split one (None: the view selects one index of it)
+    at = starts[dim]
+    size = 1 if j is None else view.shape[j]
+    offset = 0
+    for a, b in spans:
+        lo, hi = max(a, at), min(b, at + size)
+        if lo < hi:
+            target, cur = local, 0
+            for k in range(whole.dim()):
+                if dims[k] is None:
+                    target = target.select(cur, offset + lo - a if k == dim else starts[k])
+                    continue
+                first, length = (offset + lo - a, hi - lo) if k == dim else (starts[k], view.shape[dims[k]])
+                target = target.narrow(cur, first, length)
+                cur += 1
+            index = list(piece.index) + [slice(None)] * (view.dim() - len(piece.index))
+            if j is not None:
+                base = index[j].start or 0
+                index[j] = slice(base + lo - at, base + hi - at)
+            target.copy_(source.read(piece.key, tuple(index)))
+        offset += b - a
+
+
+def _view_layout(view: torch.Tensor, whole: torch.Tensor) -> tuple[list[int], list[int | None]]:
+    """For a view of contiguous ``whole`` made by narrowing and selecting: where it starts
+    along each of ``whole``'s dims, and which of the view's dims each one is (None: selected)."""
+    at = view.storage_offset()
+    starts = [(at // whole.stride(k)) % whole.shape[k] if whole.shape[k] else 0 for k in range(whole.dim())]
+    dims: list[int | None] = []
+    j = 0
+    for k in range(whole.dim()):
+        if j < view.dim() and view.stride(j) == whole.stride(k) and starts[k] + view.shape[j] <= whole.shape[k]:
+            dims.append(j)
+            j += 1
+        else:
+            dims.append(None)
+    if j != view.dim():
+        raise ValueError(f"a view of shape {list(view.shape)} is not a slice of a tensor of shape {list(whole.shape)}")
+    return starts, dims
