@@ -27,11 +27,23 @@ class SparseMoeBlock(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         self.tensor_parallel: Any = None  # set by shard_tensor_parallel
+        self.first_expert, self.local_experts = 0, num_experts  # expert parallelism: this rank's
 
     def shard_tensor_parallel(self, tp: Any) -> str:
-        """Tensor parallelism (``mstar.parallel``): every rank keeps all experts and routes
-        alike, with its share of each expert's intermediate columns; the routed outputs are
-        summed over the ranks in ``forward``."""
+        """Tensor parallelism (``mstar.parallel``): every rank routes alike (the router is
+        whole) and the routed outputs are summed over the ranks in ``forward``. Each rank keeps
+        its share of every expert's intermediate columns, or with ``tp.expert_parallel`` its
+        E / N whole experts (computing only the assignments routed to them)."""
+        if getattr(tp, "expert_parallel", False):
+            part = self.num_experts // tp.size
+            if part * tp.size != self.num_experts:
+                raise ValueError(f"{self.num_experts} experts do not split over {tp.size} ranks")
+            self.first_expert, self.local_experts = tp.rank * part, part
+            mine = ((self.first_expert, self.first_expert + part),)
+            split_parameter(self, "gate_up", self.gate_up, 0, mine)
+            split_parameter(self, "down", self.down, 0, mine)
+            self.tensor_parallel = tp
+            return "mlp"
         part, a = self.intermediate // tp.size, tp.rank * (self.intermediate // tp.size)
         if part * tp.size != self.intermediate:
             raise ValueError(f"moe intermediate size {self.intermediate} does not split over {tp.size} ranks")
@@ -51,14 +63,20 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts, weights = self.route(x)
-        flat = experts.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        token = order // self.top_k  # the token of each (sorted) assignment
-        routed = x.index_select(0, token)
-        scale = weights.reshape(-1).index_select(0, order)[:, None]
-        counts = torch.bincount(flat, minlength=self.num_experts)
-        out = self._grouped(routed, counts) if self._use_grouped(x) else self._per_expert(routed, counts)
-        result = torch.zeros_like(x).index_add_(0, token, out * scale)
+        flat, scales = experts.reshape(-1), weights.reshape(-1)
+        assignment = None  # which (token, k) assignments this rank computes: all of them
+        if self.local_experts != self.num_experts:  # expert parallelism: those of its experts
+            local = flat - self.first_expert
+            assignment = ((local >= 0) & (local < self.local_experts)).nonzero().squeeze(1)
+            flat, scales = local.index_select(0, assignment), scales.index_select(0, assignment)
+        result = torch.zeros_like(x)
+        if flat.numel():
+            order = torch.argsort(flat, stable=True)
+            token = (order if assignment is None else assignment.index_select(0, order)) // self.top_k
+            routed = x.index_select(0, token)
+            counts = torch.bincount(flat, minlength=self.local_experts)
+            out = self._grouped(routed, counts) if self._use_grouped(x) else self._per_expert(routed, counts)
+            result.index_add_(0, token, out * scales.index_select(0, order)[:, None])
         return result if self.tensor_parallel is None else self.tensor_parallel.all_reduce(result)
 
     def _use_grouped(self, x: torch.Tensor) -> bool:

@@ -3,7 +3,8 @@
 engine's ``sharded_build``, against the whole node loaded and split afterwards. Orpheus and
 Qwen3-Omni's Thinker build on the meta device (``materialize``: nothing whole is ever
 allocated; the Thinker's MoE experts split by ``split_parameter``), the text LM fixture on
-the CPU (``load_weights`` splits it before reading)."""
+the CPU (``load_weights`` splits it before reading). With expert parallelism a rank reads
+its experts whole and none of the others'."""
 
 from __future__ import annotations
 
@@ -59,11 +60,12 @@ def elements_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize("model", ["orpheus", "qwen3omni", "text"])
-def test_a_rank_reads_and_holds_only_its_part(model: str, checkpoints, elements_read: list[int]) -> None:
+@pytest.mark.parametrize(("model", "experts"), [("orpheus", False), ("qwen3omni", False), ("qwen3omni", True), ("text", False)])
+def test_a_rank_reads_and_holds_only_its_part(model: str, experts: bool, checkpoints, elements_read: list[int]) -> None:
+    """``experts``: expert parallelism, the Thinker's MoE experts placed whole on the ranks."""
     loaded, ckpt = checkpoints[model]
     for rank in (0, 1):
-        tp = OwnPart(rank)
+        tp = OwnPart(rank, expert_parallel=experts)
         del elements_read[:]
         whole = _build(loaded, ckpt, NODES[model])
         read_whole = sum(elements_read)

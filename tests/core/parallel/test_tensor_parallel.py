@@ -89,18 +89,21 @@ def _run(engine, model: str, requests: list[dict]) -> dict:
     }
 
 
-def _rank(model: str, rank: int, size: int, port: int, ckpt: str, kv_budget: int, requests: list[dict], out: mp.Queue) -> None:
+def _rank(model: str, rank: int, size: int, port: int, ckpt: str, kv_budget: int, requests: list[dict], out: mp.Queue,
+          options: dict) -> None:
     torch.set_num_threads(1)
     try:
         engine = _engine(model, Path(ckpt), kv_budget, tensor_parallel_size=size, tensor_parallel_rank=rank,
-                         tensor_parallel_init=f"tcp://127.0.0.1:{port}")
+                         tensor_parallel_init=f"tcp://127.0.0.1:{port}", **options)
         from mstar.parallel.shard import VocabParallelEmbedding
 
         sub = engine.core.nodes[KV_NODE[model][0]].submodule
         # This rank's key/value heads, and the rows it holds of each split token embedding.
         heads = (engine.core.nodes[KV_NODE[model][0]].kv.num_kv_heads,
                  {n: (m.start, m.weight.shape[0], m.num_embeddings) for n, m in sub.named_modules()
-                  if isinstance(m, VocabParallelEmbedding)})
+                  if isinstance(m, VocabParallelEmbedding)},
+                 # MoE blocks: (first expert, experts held, expert rows of its weights)
+                 {(m.first_expert, m.local_experts, m.gate_up.shape[0]) for m in sub.modules() if hasattr(m, "local_experts")})
         if rank == 0:
             got = _run(engine, model, requests)
             engine.close()
@@ -112,11 +115,11 @@ def _rank(model: str, rank: int, size: int, port: int, ckpt: str, kv_budget: int
         raise
 
 
-def _tensor_parallel(model: str, ckpt: Path, kv_budget: int, requests: list[dict], size: int = 2) -> dict[int, tuple]:
+def _tensor_parallel(model: str, ckpt: Path, kv_budget: int, requests: list[dict], size: int = 2, **options: object) -> dict[int, tuple]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(model, r, size, port, str(ckpt), kv_budget, requests, out)) for r in range(size)]
+    procs = [ctx.Process(target=_rank, args=(model, r, size, port, str(ckpt), kv_budget, requests, out, options)) for r in range(size)]
     for p in procs:
         p.start()
     got = {}
@@ -169,7 +172,7 @@ def test_two_ranks_equal_one_device(model: str, preempt: bool, request: pytest.F
 
 
 def _assert_equal(got: dict[int, tuple], want: dict, preempt: bool, embeddings: set[str]) -> None:
-    ((heads0, tables0), lead), ((heads1, tables1), follower) = got[0], got[1]
+    ((heads0, tables0, _), lead), ((heads1, tables1, _), follower) = got[0], got[1]
     assert heads0 == heads1 == 1  # each rank holds one of the two key/value heads
     # The token embedding (where the node has one named embed_tokens): each rank half of it.
     assert tables0.keys() == tables1.keys() == embeddings
@@ -196,8 +199,8 @@ def qwen3omni_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("tp-qwen3omni"))
 
 
-@pytest.mark.parametrize("preempt", [False, True])
-def test_qwen3omni_thinker_and_talker_on_two_ranks(qwen3omni_ckpt: Path, preempt: bool) -> None:
+@pytest.mark.parametrize(("preempt", "experts"), [(False, False), (True, False), (False, True)])
+def test_qwen3omni_thinker_and_talker_on_two_ranks(qwen3omni_ckpt: Path, preempt: bool, experts: bool) -> None:
     """Spoken answers (Thinker -> Talker + code predictor -> Code2Wav) to a text, an image and
     an audio question: the Thinker's and Talker's attention heads, MLPs and MoE experts'
     columns split over two ranks (encoders, code predictor and Code2Wav whole). Text ids and
@@ -226,4 +229,11 @@ def test_qwen3omni_thinker_and_talker_on_two_ranks(qwen3omni_ckpt: Path, preempt
     want = _run(one, "qwen3omni", requests)
     one.close()
     assert all(len(c) > 0 for c in want["codes"]) and all(a is not None for a in want["audio"])
-    _assert_equal(_tensor_parallel("qwen3omni", qwen3omni_ckpt, budget // 2, requests), want, preempt, {"lm.model.embed_tokens"})
+    got = _tensor_parallel("qwen3omni", qwen3omni_ckpt, budget // 2, requests, expert_parallel=experts)
+    _assert_equal(got, want, preempt, {"lm.model.embed_tokens"})
+    # expert_parallel: each rank holds half the experts whole; else all, each split by columns
+    moe0, moe1 = got[0][0][2], got[1][0][2]
+    assert len(moe0) == len(moe1) == 1  # every Thinker MoE layer alike
+    ((first0, held0, rows0),), ((first1, held1, rows1),) = moe0, moe1
+    assert held0 == held1 == rows0 == rows1 and first0 == 0
+    assert (first1 == held0) if experts else (first1 == 0)

@@ -19,6 +19,7 @@ class OwnPart:
 
     rank: int
     size: int = 2
+    expert_parallel: bool = False
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -90,6 +90,27 @@ def test_tensor_parallel_groups_parse_and_bad_values_are_named():
         parse_placement({"groups": {"lm": {"nodes": ["lm"], "tensor_parallel": 2, "replicas": 2}}})
 
 
+def test_expert_parallel_parses_and_travels_in_the_engine_spec():
+    import msgspec
+    from mstar.server.engine_process import EngineProcessSpec
+    from mstar.server.placement import parse_placement
+    from mstar.server.placement_error import PlacementError as Error
+    from mstar.server.tensor_parallel_ranks import tensor_parallel_options
+
+    groups = {"lm": {"nodes": ["lm"], "tensor_parallel": 2, "expert_parallel": True}, "codec": {"nodes": ["codec"]}}
+    lm, codec = parse_placement({"groups": groups}).engine_slots()
+    assert (lm.expert_parallel, codec.expert_parallel) == (True, False)
+    # The follower ranks decode the engine's spec as plain fields: the flag survives the trip.
+    fields = msgspec.structs.fields(EngineProcessSpec)
+    assert any(f.name == "expert_parallel" for f in fields)
+    assert tensor_parallel_options(2, 1, "tcp://x", True)["expert_parallel"] is True
+    for bad, message in ((1, "must be true or false"), ("yes", "must be true or false")):
+        with pytest.raises(Error, match=message):
+            parse_placement({"groups": {"lm": {"nodes": ["lm"], "tensor_parallel": 2, "expert_parallel": bad}}})
+    with pytest.raises(Error, match="'expert_parallel' needs 'tensor_parallel' of 2 or more"):
+        parse_placement({"groups": {"lm": {"nodes": ["lm"], "expert_parallel": True}}})
+
+
 def test_rank_devices_follow_rank_zeros():
     from mstar.server.tensor_parallel_ranks import rank_device
 

@@ -68,6 +68,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     tensor_parallel_rank: int = 0
     tensor_parallel_init: str = "tcp://127.0.0.1:29511"
+    # With tensor_parallel_size > 1: MoE blocks that support it (shard_tensor_parallel reads
+    # TensorParallelGroup.expert_parallel) keep whole experts, E / N on each rank, instead
+    # of every expert's share of columns.
+    expert_parallel: bool = False
 
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -140,6 +144,7 @@ def _build_core(loaded: Any, checkpoint_dir: Path | None, engine_config: EngineC
     if engine_config.tensor_parallel_size > 1:
         tp = init_tensor_parallel(engine_config.tensor_parallel_rank, engine_config.tensor_parallel_size,
                                   engine_config.tensor_parallel_init, device)
+        tp.expert_parallel = engine_config.expert_parallel
     placed = engine_config.nodes or tuple(graph.nodes)
     kv_nodes = [n for n in placed if graph.nodes[n].kind is EngineKind.KV_CACHE]
     dtypes = node_dtypes(engine_config.dtype, config, device, placed, spec.float32_nodes)

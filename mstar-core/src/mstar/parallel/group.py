@@ -26,6 +26,9 @@ class TensorParallelGroup:
     rank: int
     size: int
     group: Any = None  # the torch.distributed process group (None: the default group)
+    # MoE blocks place whole experts on the ranks (each its E / N) rather than splitting
+    # every expert's columns; a block's shard_tensor_parallel decides what it supports.
+    expert_parallel: bool = False
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The elementwise sum over the ranks, in place (every rank gets the same values)."""

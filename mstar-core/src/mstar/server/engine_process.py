@@ -57,6 +57,7 @@ class EngineProcessSpec(msgspec.Struct):
     secret: bytes = b""  # the server's per-run secret in front of every message (ipc_auth)
     max_message_bytes: int = 0  # the largest frame the command socket accepts (0: no cap)
     tensor_parallel: int = 1  # ranks of this engine (mstar.server.tensor_parallel_ranks); this process is rank 0
+    expert_parallel: bool = False  # with tensor_parallel: whole experts placed on the ranks
 
 
 def run_engine_process(spec_bytes: bytes) -> None:

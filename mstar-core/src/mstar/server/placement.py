@@ -42,6 +42,8 @@ class DeviceGroup:
     # Ranks of its engine (mstar.parallel): one process each, rank r on the device r after
     # ``device`` (CUDA) or on the CPU; the group's KV nodes split over them.
     tensor_parallel: int = 1
+    # With tensor_parallel: MoE blocks that support it place whole experts on the ranks.
+    expert_parallel: bool = False
 
     def replica_devices(self) -> tuple[str, ...]:
         return self.devices or (self.device,) * self.replicas
@@ -64,6 +66,7 @@ class EngineSlot:
     device: str
     nodes: tuple[str, ...]
     tensor_parallel: int = 1
+    expert_parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class Placement:
     def engine_slots(self) -> tuple[EngineSlot, ...]:
         """Every engine process, group by group, replicas in order."""
         return tuple(
-            EngineSlot(name, g.name, i, device, g.nodes, g.tensor_parallel)
+            EngineSlot(name, g.name, i, device, g.nodes, g.tensor_parallel, g.expert_parallel)
             for g in self.groups
             for i, (name, device) in enumerate(zip(g.engine_names(), g.replica_devices(), strict=True))
         )
@@ -124,7 +127,7 @@ def placement_from_mapping(node_to_group: dict[str, str], device: str) -> Placem
     return Placement(tuple(DeviceGroup(g, default_device_for(g, device), tuple(n)) for g, n in groups.items()))
 
 
-_GROUP_KEYS = ("device", "devices", "nodes", "replicas", "tensor_parallel")
+_GROUP_KEYS = ("device", "devices", "nodes", "replicas", "tensor_parallel", "expert_parallel")
 
 
 def _replicas(name: str, body: dict[str, Any], source: str) -> tuple[str, int, tuple[str, ...]]:
@@ -169,7 +172,12 @@ def _parse_groups(data: Any, source: str) -> Placement:
             raise PlacementError(f"{source}: group {name!r}: 'tensor_parallel' must be an integer >= 1, got {tp!r}")
         if tp > 1 and replicas > 1:
             raise PlacementError(f"{source}: group {name!r}: 'tensor_parallel' with 'replicas' is not supported yet; give one")
-        groups.append(DeviceGroup(str(name), device, tuple(nodes), replicas, devices, tensor_parallel=tp))
+        ep = body.get("expert_parallel", False)
+        if not isinstance(ep, bool):
+            raise PlacementError(f"{source}: group {name!r}: 'expert_parallel' must be true or false, got {ep!r}")
+        if ep and tp < 2:
+            raise PlacementError(f"{source}: group {name!r}: 'expert_parallel' needs 'tensor_parallel' of 2 or more")
+        groups.append(DeviceGroup(str(name), device, tuple(nodes), replicas, devices, tensor_parallel=tp, expert_parallel=ep))
     placement = Placement(tuple(groups))
     names = [slot.name for slot in placement.engine_slots()]
     clash = sorted({n for n in names if names.count(n) > 1})

@@ -219,6 +219,7 @@ class ServerRuntime:
             secret=self.ipc_secret,
             max_message_bytes=self.max_message_bytes,
             tensor_parallel=slot.tensor_parallel,
+            expert_parallel=slot.expert_parallel,
         )
         return self.backend.handle(spec, self.placement, self.zctx)
 

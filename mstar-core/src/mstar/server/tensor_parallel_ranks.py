@@ -42,8 +42,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tensor_parallel_options(size: int, rank: int, init: str) -> dict[str, Any]:
-    return {"tensor_parallel_size": size, "tensor_parallel_rank": rank, "tensor_parallel_init": init}
+def tensor_parallel_options(size: int, rank: int, init: str, experts: bool = False) -> dict[str, Any]:
+    return {"tensor_parallel_size": size, "tensor_parallel_rank": rank, "tensor_parallel_init": init,
+            "expert_parallel": experts}
 
 
 def start_followers(spec: Any, init: str) -> list[subprocess.Popen]:
@@ -74,13 +75,14 @@ def build_engine(spec: Any, rank: int, init: str) -> Any:
         import torch
 
         torch.set_num_threads(spec.torch_threads)
-    given = sorted(k for k in spec.engine_options if k.startswith("tensor_parallel"))
+    given = sorted(k for k in spec.engine_options if k.startswith(("tensor_parallel", "expert_parallel")))
     if given:  # the ranks would wait for processes nobody starts
-        raise ValueError(f"engine option(s) {given}: set tensor_parallel on a placement group instead (docs/serving.md)")
+        raise ValueError(f"engine option(s) {given}: set tensor_parallel (and expert_parallel) on a placement group "
+                         "instead (docs/serving.md)")
     loaded = load_model(spec.model)
     options = {**loaded.spec.engine_defaults, **spec.engine_options}  # the server's options win
     if spec.tensor_parallel > 1:
-        options.update(tensor_parallel_options(spec.tensor_parallel, rank, init))
+        options.update(tensor_parallel_options(spec.tensor_parallel, rank, init, getattr(spec, "expert_parallel", False)))
     config = EngineConfig(device=rank_device(spec.device, rank), nodes=tuple(spec.nodes), **options)
     ckpt = Path(spec.checkpoint_dir)
     return Engine(build_core(loaded, ckpt, config), loaded, ckpt)
