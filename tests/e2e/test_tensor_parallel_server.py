@@ -65,8 +65,13 @@ def expected(ckpt: Path) -> list[int]:
 def server(site: Path, ckpt: Path, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("tp-server")
     (folder / "tp2.yaml").write_text("groups:\n  lm: {device: cpu, nodes: [lm], tensor_parallel: 2}\n")
-    srv = ServerProcess(["--model", "tinyqwen3", "--weights", str(ckpt), "--config", str(folder / "tp2.yaml"),
-                         "--preprocess-workers", "1"], folder / "server.log", env=with_site(site, OMP_NUM_THREADS="1"))
+    yield from _serve(["--model", "tinyqwen3", "--weights", str(ckpt), "--config", str(folder / "tp2.yaml"),
+                       "--preprocess-workers", "1"], folder, site)
+
+
+def _serve(args: list[str], folder: Path, site: Path):
+    """A server with ``args`` (its log in ``folder``), stopped after the module's tests."""
+    srv = ServerProcess(args, folder / "server.log", env=with_site(site, OMP_NUM_THREADS="1"))
     srv.start(timeout=300)
     yield srv
     try:
@@ -136,14 +141,7 @@ def two_models(site: Path, ckpt: Path, tmp_path_factory: pytest.TempPathFactory)
         f"  - {{model: tinyqwen3, weights: {ckpt}, served_model_names: [tp], placement: tp2.yaml, preprocess_workers: 0}}\n"
         f"  - {{model: tinyqwen3, weights: {ckpt}, served_model_names: [single], preprocess_workers: 0}}\n"
     )
-    srv = ServerProcess(["--models-config", str(folder / "models.yaml")], folder / "server.log",
-                        env=with_site(site, OMP_NUM_THREADS="1"))
-    srv.start(timeout=300)
-    yield srv
-    try:
-        srv.stop()
-    finally:
-        srv.kill_all()
+    yield from _serve(["--models-config", str(folder / "models.yaml")], folder, site)
 
 
 def test_other_groups_keep_serving_while_a_tensor_parallel_group_fails(two_models, expected) -> None:
